@@ -1,0 +1,79 @@
+//! Command-line interface: one binary, a subcommand per job.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::model::PciAddress;
+
+/// GPU health and interruption agent for GPU nodes.
+#[derive(Debug, Parser)]
+#[command(name = "gpu-agent", version, about, long_about = None)]
+pub struct Cli {
+    /// Config file [default: /etc/gpu-agent/config.toml if present, else the built-in default].
+    #[arg(long, global = true, env = "GPU_AGENT_CONFIG", value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon: follow the kernel log, keep the health model, serve status and metrics.
+    Run,
+    /// Ask the running daemon for the node's health. Exit 0 healthy, 1 warning or fatal, 2 daemon unreachable.
+    Status(OutputArgs),
+    /// One-shot health check of this boot's kernel log; no daemon needed. Exit 0 healthy, 1 warning or fatal, 2 could not check.
+    Check(OutputArgs),
+    /// Explain an Xid (or with --sxid an NVSwitch SXid) from NVIDIA's catalog, and what the agent does about it.
+    Xid(XidArgs),
+    /// Write a realistic fault line into the kernel log, for fire drills.
+    Inject {
+        /// What to inject.
+        #[command(subcommand)]
+        what: Inject,
+    },
+    /// Print the built-in default config (the documented file installed at /etc/gpu-agent/config.toml).
+    DefaultConfig,
+}
+
+/// Output format.
+#[derive(Debug, Args)]
+pub struct OutputArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `gpu-agent xid`.
+#[derive(Debug, Args)]
+pub struct XidArgs {
+    /// The code.
+    pub code: u32,
+    /// The code is an NVSwitch SXid.
+    #[arg(long)]
+    pub sxid: bool,
+}
+
+/// `gpu-agent inject`.
+#[derive(Debug, Subcommand)]
+pub enum Inject {
+    /// An NVIDIA Xid line for a GPU.
+    Xid {
+        /// The Xid.
+        code: u32,
+        /// The GPU's PCI address [default: the first NVIDIA GPU on the bus, else 0000:3b:00.0].
+        #[arg(long, value_name = "BDF")]
+        pci: Option<PciAddress>,
+    },
+    /// An NVSwitch SXid line.
+    Sxid {
+        /// The SXid.
+        code: u32,
+        /// The NVSwitch's PCI address [default: the first NVSwitch, else 0000:05:00.0].
+        #[arg(long, value_name = "BDF")]
+        pci: Option<PciAddress>,
+    },
+}

@@ -1,0 +1,56 @@
+//! `gpu-agent check`: a one-shot health check of this boot's kernel log, no daemon needed
+//! (launch-time preflight, Slurm `HealthCheckProgram`).
+
+use anyhow::Context;
+
+use super::{HostFacts, EXIT_UNREACHABLE};
+use crate::config::Loaded;
+use crate::model::{Observation, SourceKind, SourceState};
+use crate::sinks::status::render;
+use crate::sources::kmsg;
+
+/// Read the kernel log once, classify, print, and exit 0 healthy / 1 unhealthy / 2 could not check.
+pub fn check(loaded: &Loaded, json: bool) -> anyhow::Result<u8> {
+    let config = &loaded.config;
+    let host = HostFacts::read(config);
+    let mut model = host.model(config);
+    let counters = super::counters();
+    let mut unreadable = false;
+    if config.kmsg.enabled {
+        let settings = HostFacts::kmsg_settings(config, None);
+        match kmsg::read_snapshot(settings, std::sync::Arc::clone(&counters)) {
+            Ok(reports) => {
+                model.apply(Observation::Source(SourceKind::Kmsg, SourceState::On));
+                for report in reports {
+                    model.apply(Observation::Fault(report));
+                }
+            }
+            Err(e) => {
+                eprintln!("gpu-agent: {e}");
+                unreadable = true;
+                model.apply(Observation::Source(
+                    SourceKind::Kmsg,
+                    SourceState::Failed(e.to_string()),
+                ));
+            }
+        }
+    } else {
+        model.apply(Observation::Source(
+            SourceKind::Kmsg,
+            SourceState::Off("disabled by [kmsg] enabled = false".into()),
+        ));
+    }
+    let snapshot = model.snapshot(counters.stats());
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&snapshot).context("cannot encode JSON")?
+        );
+    } else {
+        print!("{}", render(&snapshot));
+    }
+    if unreadable {
+        return Ok(EXIT_UNREACHABLE);
+    }
+    Ok(u8::try_from(snapshot.health.exit_code()).unwrap_or(1))
+}

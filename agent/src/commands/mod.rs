@@ -1,0 +1,96 @@
+//! The subcommands. Each returns the process exit code; errors go to `main`.
+
+pub mod check;
+pub mod inject;
+pub mod run;
+pub mod status;
+pub mod xid;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::core::HealthModel;
+use crate::host::{self, NvidiaDevices};
+use crate::sources::kmsg;
+
+/// Exit code: the daemon could not be reached, or the check could not run.
+pub const EXIT_UNREACHABLE: u8 = 2;
+
+/// What `run` and `check` learn about the host before they start.
+#[derive(Debug)]
+pub struct HostFacts {
+    /// Node name.
+    pub node_name: String,
+    /// Kernel boot id (`unknown` if unreadable).
+    pub boot_id: String,
+    /// NVIDIA devices on the PCI bus.
+    pub devices: NvidiaDevices,
+}
+
+impl HostFacts {
+    /// Read them from the config's sysfs and procfs roots. Nothing here fails: what cannot be
+    /// read is logged and left empty.
+    pub fn read(config: &Config) -> Self {
+        let devices = host::nvidia_devices(&config.sysfs.root);
+        if let Some(problem) = &devices.problem {
+            tracing::warn!(%problem, "GPU enumeration from sysfs is incomplete.");
+        }
+        let boot_id = host::boot_id(&config.procfs.root).unwrap_or_else(|| {
+            tracing::warn!(procfs = %config.procfs.root.display(), "Cannot read the boot id; restarts are tracked as one boot.");
+            "unknown".to_string()
+        });
+        Self {
+            node_name: node_name(config),
+            boot_id,
+            devices,
+        }
+    }
+
+    /// An empty health model for this host.
+    pub fn model(&self, config: &Config) -> HealthModel {
+        HealthModel::new(
+            &self.node_name,
+            &self.boot_id,
+            self.devices.clone(),
+            config.kmsg.repeat_log_interval.0,
+        )
+    }
+
+    /// Kernel-log source settings, resuming after `cursor`.
+    pub fn kmsg_settings(config: &Config, cursor: Option<u64>) -> kmsg::Settings {
+        kmsg::Settings {
+            path: config.kmsg.path.clone(),
+            resume_after: cursor,
+            branch: host::driver_branch(&config.sysfs.root),
+            boot_time: host::boot_time(&config.procfs.root),
+        }
+    }
+}
+
+fn node_name(config: &Config) -> String {
+    if !config.node_name.is_empty() {
+        return config.node_name.clone();
+    }
+    std::fs::read_to_string(config.procfs.root.join("sys/kernel/hostname"))
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+/// New kernel-log counters.
+pub fn counters() -> Arc<kmsg::Counters> {
+    Arc::new(kmsg::Counters::default())
+}
+
+/// A tokio runtime for one command: current-thread, since the agent's work is I/O-bound and
+/// the kernel log has its own thread.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+}
+
+/// How long shutdown waits for tasks before the runtime is dropped.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);

@@ -1,0 +1,130 @@
+//! `gpu-agent run`: the daemon.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use prometheus_client::registry::Registry;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
+
+use super::{HostFacts, SHUTDOWN_GRACE};
+use crate::config::Loaded;
+use crate::core::{Core, StateStore};
+use crate::model::{Observation, SourceKind, SourceState};
+use crate::sinks::{metrics, status, systemd};
+use crate::sources::kmsg;
+
+/// Observations queued between sources and the core; a full queue slows the kernel-log
+/// reader (the kernel then overruns and we count the loss) instead of growing memory.
+const OBSERVATION_QUEUE: usize = 1024;
+/// How long start-up waits for sources to report before READY=1.
+const SOURCE_START_WAIT: Duration = Duration::from_secs(5);
+
+/// Run the daemon until SIGTERM or SIGINT.
+pub fn run(loaded: Loaded) -> anyhow::Result<u8> {
+    let runtime = super::runtime().context("cannot start the async runtime")?;
+    let result = runtime.block_on(daemon(loaded));
+    // The kernel-log thread blocks in read(2); it ends with the process.
+    runtime.shutdown_timeout(SHUTDOWN_GRACE);
+    result
+}
+
+async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
+    let config = loaded.config;
+    let source = loaded.path.map_or_else(
+        || "embedded default".to_string(),
+        |p| p.display().to_string(),
+    );
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %source, "Starting gpu-agent.");
+    let mut sigterm = signal(SignalKind::terminate()).context("cannot install SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("cannot install SIGINT handler")?;
+
+    let host = HostFacts::read(&config);
+    let mut model = host.model(&config);
+    let store = StateStore::new(&config.state_dir);
+    if let Some(state) = store.load() {
+        model.restore(state);
+    }
+    let store = match std::fs::create_dir_all(&config.state_dir) {
+        Ok(()) => Some(store),
+        Err(e) => {
+            tracing::warn!(state_dir = %config.state_dir.display(), error = %e, "State directory unusable; state is kept in memory only.");
+            None
+        }
+    };
+
+    let (trigger, shutdown) = crate::shutdown::channel();
+    let (tx, rx) = mpsc::channel(OBSERVATION_QUEUE);
+    let counters = super::counters();
+    if config.kmsg.enabled {
+        model.apply(Observation::Source(SourceKind::Kmsg, SourceState::Starting));
+        let settings = HostFacts::kmsg_settings(&config, model.kmsg_cursor());
+        kmsg::spawn(settings, std::sync::Arc::clone(&counters), tx.clone())
+            .context("cannot start the kernel-log thread")?;
+    } else {
+        model.apply(Observation::Source(
+            SourceKind::Kmsg,
+            SourceState::Off("disabled by [kmsg] enabled = false".into()),
+        ));
+    }
+    drop(tx);
+
+    let (core, handle, snapshots) = Core::new(model, store, counters);
+    let core_task = tokio::spawn(core.run(rx, shutdown.clone()));
+
+    match status::Listener::bind(&config.status.socket).await {
+        Ok(listener) => {
+            tokio::spawn(status::serve(listener, snapshots.clone(), shutdown.clone()));
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "Status socket is off; `gpu-agent status` cannot reach this daemon.")
+        }
+    }
+    if config.metrics.enabled {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(metrics::SnapshotCollector::new(snapshots.clone())));
+        match metrics::serve(config.metrics.listen, registry, shutdown.clone()).await {
+            Ok((addr, server)) => {
+                tracing::info!(%addr, "Serving metrics at /metrics.");
+                tokio::spawn(server);
+            }
+            Err(e) => tracing::warn!(error = %e, "Metrics endpoint is off."),
+        }
+    }
+    tokio::spawn(systemd::run(snapshots.clone(), handle, shutdown.clone()));
+
+    // READY=1 once every source has said whether it runs.
+    let mut watch = snapshots.clone();
+    // (The `Ref` that `wait_for` returns holds the channel's read lock: drop it at once.)
+    let timed_out = tokio::time::timeout(
+        SOURCE_START_WAIT,
+        watch.wait_for(|s| {
+            s.sources
+                .iter()
+                .all(|src| src.state != SourceState::Starting)
+        }),
+    )
+    .await
+    .is_err();
+    if timed_out {
+        tracing::warn!("A source did not report within 5s; signalling readiness anyway.");
+    }
+    let summary = snapshots.borrow().summary.clone();
+    systemd::ready(&summary);
+    tracing::info!(%summary, "Ready.");
+
+    tokio::select! {
+        _ = sigterm.recv() => tracing::info!("SIGTERM received; stopping."),
+        _ = sigint.recv() => tracing::info!("SIGINT received; stopping."),
+    }
+    systemd::stopping();
+    trigger.fire();
+    if tokio::time::timeout(SHUTDOWN_GRACE, core_task)
+        .await
+        .is_err()
+    {
+        tracing::warn!("Core did not stop in time.");
+    }
+    tracing::info!("Stopped.");
+    Ok(0)
+}

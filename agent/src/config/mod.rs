@@ -1,0 +1,330 @@
+//! The agent's configuration: TOML with an embedded default for every key.
+//!
+//! Loading order: `--config PATH` (must exist), else `/etc/gpu-agent/config.toml` when it
+//! exists, else the embedded default ([`DEFAULT_TOML`]). Unknown keys and bad values are
+//! rejected with the file, the key and the reason.
+
+mod duration;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use duration::HumanDuration;
+
+/// Where the config file lives when `--config` is not given.
+pub const DEFAULT_PATH: &str = "/etc/gpu-agent/config.toml";
+
+/// The embedded default config, also installed as `/etc/gpu-agent/config.toml`.
+pub const DEFAULT_TOML: &str = include_str!("default.toml");
+
+/// Why the config could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("config {path}: cannot read: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or a key has the wrong type or an unknown name.
+    #[error("config {path}: key `{key}`: {reason}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// Dotted key path (`metrics.listen`), or `.` for the document.
+        key: String,
+        /// What is wrong, with line and column.
+        reason: String,
+    },
+    /// A value parsed but is not acceptable.
+    #[error("config {path}: key `{key}`: {reason}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// Dotted key path.
+        key: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// This node's Kubernetes name. Empty: the kubelet's node name, else the hostname.
+    pub node_name: String,
+    /// Where the agent keeps its state across restarts.
+    pub state_dir: PathBuf,
+    /// The status socket.
+    pub status: StatusConfig,
+    /// The kernel-log source.
+    pub kmsg: KmsgConfig,
+    /// Where sysfs is.
+    pub sysfs: SysfsConfig,
+    /// Where procfs is.
+    pub procfs: ProcfsConfig,
+    /// The Prometheus endpoint.
+    pub metrics: MetricsConfig,
+}
+
+/// `[status]`: the socket `gpu-agent status` talks to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StatusConfig {
+    /// Unix socket path.
+    pub socket: PathBuf,
+}
+
+/// `[kmsg]`: the kernel-log source.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KmsgConfig {
+    /// Follow the kernel log.
+    pub enabled: bool,
+    /// The kernel log device, or a file holding a `/dev/kmsg` dump.
+    pub path: PathBuf,
+    /// How often a repeating fault is summarised in the agent's own log.
+    pub repeat_log_interval: HumanDuration,
+}
+
+/// `[sysfs]`: where sysfs is mounted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SysfsConfig {
+    /// Root directory (`/sys`).
+    pub root: PathBuf,
+}
+
+/// `[procfs]`: where procfs is mounted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProcfsConfig {
+    /// Root directory (`/proc`).
+    pub root: PathBuf,
+}
+
+/// `[metrics]`: the Prometheus endpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Serve `/metrics`.
+    pub enabled: bool,
+    /// Listen address.
+    pub listen: SocketAddr,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            node_name: String::new(),
+            state_dir: PathBuf::from("/var/lib/gpu-agent"),
+            status: StatusConfig::default(),
+            kmsg: KmsgConfig::default(),
+            sysfs: SysfsConfig::default(),
+            procfs: ProcfsConfig::default(),
+            metrics: MetricsConfig::default(),
+        }
+    }
+}
+
+impl Default for StatusConfig {
+    fn default() -> Self {
+        Self {
+            socket: PathBuf::from("/run/gpu-agent/agent.sock"),
+        }
+    }
+}
+
+impl Default for KmsgConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            path: PathBuf::from("/dev/kmsg"),
+            repeat_log_interval: HumanDuration(std::time::Duration::from_secs(60)),
+        }
+    }
+}
+
+impl Default for SysfsConfig {
+    fn default() -> Self {
+        Self {
+            root: PathBuf::from("/sys"),
+        }
+    }
+}
+
+impl Default for ProcfsConfig {
+    fn default() -> Self {
+        Self {
+            root: PathBuf::from("/proc"),
+        }
+    }
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            listen: SocketAddr::from(([127, 0, 0, 1], 9467)),
+        }
+    }
+}
+
+/// A loaded config and where it came from.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    /// The config.
+    pub config: Config,
+    /// The file it was read from; `None` for the embedded default.
+    pub path: Option<PathBuf>,
+}
+
+/// Load the config: `explicit` if given (it must exist), else [`DEFAULT_PATH`] if it exists,
+/// else the embedded default.
+pub fn load(explicit: Option<&Path>) -> Result<Loaded, ConfigError> {
+    let path = match explicit {
+        Some(path) => path.to_path_buf(),
+        None if Path::new(DEFAULT_PATH).exists() => PathBuf::from(DEFAULT_PATH),
+        None => {
+            let config = parse(DEFAULT_TOML, Path::new("<embedded default>"))?;
+            return Ok(Loaded { config, path: None });
+        }
+    };
+    let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    let config = parse(&text, &path)?;
+    Ok(Loaded {
+        config,
+        path: Some(path),
+    })
+}
+
+/// Parse and validate config text; `path` names it in errors.
+pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+    let deserializer = toml::Deserializer::new(text);
+    let config: Config = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+        let key = e.path().to_string();
+        let inner = e.into_inner();
+        let reason = match inner.span() {
+            Some(span) => {
+                let (line, col) = line_col(text, span.start);
+                format!("{} (line {line}, column {col})", inner.message())
+            }
+            None => inner.message().to_string(),
+        };
+        ConfigError::Parse {
+            path: path.to_path_buf(),
+            key,
+            reason,
+        }
+    })?;
+    config.validate(path)?;
+    Ok(config)
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, col)
+}
+
+impl Config {
+    fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let invalid = |key, reason: &str| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            key,
+            reason: reason.to_string(),
+        };
+        let absolute: [(&'static str, &Path); 5] = [
+            ("state_dir", &self.state_dir),
+            ("status.socket", &self.status.socket),
+            ("kmsg.path", &self.kmsg.path),
+            ("sysfs.root", &self.sysfs.root),
+            ("procfs.root", &self.procfs.root),
+        ];
+        for (key, value) in absolute {
+            if !value.is_absolute() {
+                return Err(invalid(
+                    key,
+                    &format!("must be an absolute path, got {value:?}"),
+                ));
+            }
+        }
+        if self.kmsg.repeat_log_interval.0.is_zero() {
+            return Err(invalid(
+                "kmsg.repeat_log_interval",
+                "must be greater than zero",
+            ));
+        }
+        if self.node_name.len() > 253 {
+            return Err(invalid("node_name", "longer than 253 characters"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        parse(text, Path::new("/etc/x.toml"))
+            .expect_err("must be rejected")
+            .to_string()
+    }
+
+    #[test]
+    fn embedded_default_equals_built_in_default() {
+        let parsed = parse(DEFAULT_TOML, Path::new("default")).expect("default parses");
+        assert_eq!(parsed, Config::default());
+        assert_eq!(
+            parse("", Path::new("empty")).expect("empty parses"),
+            Config::default()
+        );
+    }
+
+    #[test]
+    fn unknown_key_names_file_key_and_line() {
+        let e = err("[metrics]\nenabled = true\nlisten_addr = \"x\"\n");
+        assert!(e.contains("/etc/x.toml"), "{e}");
+        assert!(e.contains("listen_addr"), "{e}");
+        assert!(e.contains("line 3"), "{e}");
+    }
+
+    #[test]
+    fn bad_value_names_the_key() {
+        let e = err("[metrics]\nlisten = \"not an address\"\n");
+        assert!(e.contains("key `metrics.listen`"), "{e}");
+        let e = err("[kmsg]\nrepeat_log_interval = \"soon\"\n");
+        assert!(
+            e.contains("kmsg.repeat_log_interval") && e.contains("invalid duration"),
+            "{e}"
+        );
+        let e = err("[kmsg]\nenabled = \"yes\"\n");
+        assert!(e.contains("kmsg.enabled"), "{e}");
+        let e = err("state_dir = \"relative\"\n");
+        assert!(e.contains("state_dir") && e.contains("absolute"), "{e}");
+        let e = err("[kmsg\n");
+        assert!(e.contains("/etc/x.toml"), "{e}");
+    }
+
+    #[test]
+    fn durations_parse() {
+        let c = parse("[kmsg]\nrepeat_log_interval = \"10m\"\n", Path::new("x")).expect("ok");
+        assert_eq!(c.kmsg.repeat_log_interval.0.as_secs(), 600);
+    }
+
+    #[test]
+    fn missing_explicit_file_is_an_error() {
+        let e = load(Some(Path::new("/nonexistent/gpu-agent.toml"))).expect_err("missing");
+        assert!(e.to_string().contains("/nonexistent/gpu-agent.toml"));
+    }
+}

@@ -1,0 +1,449 @@
+//! The node's health model: faults merged from every source, keyed by component and code.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant, SystemTime};
+
+use super::persist::PersistedState;
+use crate::host::NvidiaDevices;
+use crate::model::{
+    Action, Component, Fault, FaultCode, FaultReport, GpuStatus, Health, HealthSnapshot, KmsgStats,
+    Observation, Severity, SourceKind, SourceState, SourceStatus,
+};
+
+/// The most distinct faults kept; past this the least severe, oldest one is dropped, so a
+/// flood of garbage addresses cannot grow memory.
+pub const MAX_FAULTS: usize = 1024;
+
+type Key = (Component, FaultCode);
+
+/// When a repeating fault was last written to the log.
+#[derive(Debug, Clone, Copy)]
+struct Logged {
+    at: Instant,
+    count: u64,
+}
+
+/// The health model the core owns.
+#[derive(Debug)]
+pub struct HealthModel {
+    node_name: String,
+    boot_id: String,
+    devices: NvidiaDevices,
+    faults: BTreeMap<Key, Fault>,
+    sources: BTreeMap<SourceKind, SourceState>,
+    kmsg_cursor: Option<u64>,
+    repeat_log_interval: Duration,
+    logged: HashMap<Key, Logged>,
+}
+
+impl HealthModel {
+    /// An empty model for this boot.
+    pub fn new(
+        node_name: &str,
+        boot_id: &str,
+        devices: NvidiaDevices,
+        repeat_log_interval: Duration,
+    ) -> Self {
+        Self {
+            node_name: node_name.to_string(),
+            boot_id: boot_id.to_string(),
+            devices,
+            faults: BTreeMap::new(),
+            sources: BTreeMap::new(),
+            kmsg_cursor: None,
+            repeat_log_interval,
+            logged: HashMap::new(),
+        }
+    }
+
+    /// Take over a persisted state. Same boot: everything, including the kernel-log cursor.
+    /// New boot: the cursor restarts; faults whose action is `replace` stay (a reboot does not
+    /// fix hardware that needs replacing), the others were for the previous boot and go.
+    pub fn restore(&mut self, state: PersistedState) {
+        let same_boot = state.boot_id == self.boot_id;
+        if same_boot {
+            self.kmsg_cursor = state.kmsg_cursor;
+        }
+        for fault in state.faults {
+            if same_boot || fault.class.action == Action::Replace {
+                self.faults.insert((fault.component, fault.code), fault);
+            }
+        }
+        if !same_boot {
+            tracing::info!(previous_boot = %state.boot_id, kept = self.faults.len(), "New boot: kernel-log cursor reset.");
+        }
+    }
+
+    /// The state to persist.
+    pub fn persisted(&self) -> PersistedState {
+        PersistedState {
+            kmsg_cursor: self.kmsg_cursor,
+            faults: self.faults.values().cloned().collect(),
+            ..PersistedState::empty(&self.boot_id)
+        }
+    }
+
+    /// The kernel-log cursor (sequence number of the last merged record).
+    pub fn kmsg_cursor(&self) -> Option<u64> {
+        self.kmsg_cursor
+    }
+
+    /// Merge an observation. Returns `true` if the model changed.
+    pub fn apply(&mut self, observation: Observation) -> bool {
+        match observation {
+            Observation::Fault(report) => {
+                self.merge(report);
+                true
+            }
+            Observation::Source(source, state) => {
+                let changed = self.sources.get(&source) != Some(&state);
+                self.sources.insert(source, state);
+                changed
+            }
+        }
+    }
+
+    fn merge(&mut self, report: FaultReport) {
+        if let Some(cursor) = report.cursor {
+            if report.source == SourceKind::Kmsg {
+                self.kmsg_cursor = Some(self.kmsg_cursor.map_or(cursor, |c| c.max(cursor)));
+            }
+        }
+        let key = (report.component, report.code);
+        let gpu_index = match report.component {
+            Component::Gpu { pci } => self.devices.gpu_index(pci),
+            _ => None,
+        };
+        if let Some(fault) = self.faults.get_mut(&key) {
+            fault.count += 1;
+            fault.last_seen = fault.last_seen.max(report.at);
+            fault.detail = report.detail;
+            fault.boot_id.clone_from(&self.boot_id);
+            if report.class.severity > fault.class.severity {
+                fault.class = report.class;
+                log_new(fault);
+            } else {
+                self.log_repeat(key);
+            }
+            return;
+        }
+        if self.faults.len() >= MAX_FAULTS {
+            self.evict_one();
+        }
+        let fault = Fault {
+            component: report.component,
+            gpu_index,
+            code: report.code,
+            source: report.source,
+            class: report.class,
+            first_seen: report.at,
+            last_seen: report.at,
+            count: 1,
+            detail: report.detail,
+            boot_id: self.boot_id.clone(),
+        };
+        log_new(&fault);
+        self.logged.insert(
+            key,
+            Logged {
+                at: Instant::now(),
+                count: 1,
+            },
+        );
+        self.faults.insert(key, fault);
+    }
+
+    fn evict_one(&mut self) {
+        let victim = self
+            .faults
+            .iter()
+            .min_by_key(|(_, f)| (f.class.severity, f.last_seen))
+            .map(|(k, _)| *k);
+        if let Some(key) = victim {
+            self.faults.remove(&key);
+            self.logged.remove(&key);
+        }
+    }
+
+    /// A fault that keeps repeating is summarised at most once per interval, so a flood of
+    /// identical lines cannot flood the journal.
+    fn log_repeat(&mut self, key: Key) {
+        let Some(fault) = self.faults.get(&key) else {
+            return;
+        };
+        let now = Instant::now();
+        let logged = self.logged.entry(key).or_insert(Logged {
+            at: now,
+            count: fault.count,
+        });
+        if now.duration_since(logged.at) < self.repeat_log_interval {
+            return;
+        }
+        tracing::info!(
+            fault = %fault.label(),
+            repeats = fault.count - logged.count,
+            total = fault.count,
+            "Fault repeated."
+        );
+        *logged = Logged {
+            at: now,
+            count: fault.count,
+        };
+    }
+
+    /// Everything a sink needs, worst fault first.
+    pub fn snapshot(&self, kmsg: KmsgStats) -> HealthSnapshot {
+        let mut faults: Vec<Fault> = self.faults.values().cloned().collect();
+        faults.sort_by(|a, b| {
+            (b.class.severity, b.class.action, b.last_seen).cmp(&(
+                a.class.severity,
+                a.class.action,
+                a.last_seen,
+            ))
+        });
+        let gpus: Vec<GpuStatus> = self
+            .devices
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(index, device)| {
+                let mine: Vec<&Fault> = faults
+                    .iter()
+                    .filter(|f| matches!(f.component, Component::Gpu { pci } if self.devices.gpu_index(pci) == u32::try_from(index).ok()))
+                    .collect();
+                GpuStatus {
+                    index: u32::try_from(index).unwrap_or(u32::MAX),
+                    pci: device.pci,
+                    health: Health::from_worst(mine.iter().map(|f| f.class.severity).max()),
+                    faults: mine.iter().map(|f| f.code.to_string()).collect(),
+                }
+            })
+            .collect();
+        let worst = faults.iter().map(|f| f.class.severity).max();
+        let health = Health::from_worst(worst);
+        let sources = self
+            .sources
+            .iter()
+            .map(|(source, state)| SourceStatus {
+                source: *source,
+                state: state.clone(),
+            })
+            .collect();
+        HealthSnapshot {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            node_name: self.node_name.clone(),
+            boot_id: self.boot_id.clone(),
+            health,
+            summary: summary(self.devices.gpus.len(), &faults, &self.sources),
+            gpus,
+            faults,
+            sources,
+            kmsg,
+            updated_at: SystemTime::now(),
+        }
+    }
+}
+
+fn log_new(fault: &Fault) {
+    let gpu = fault
+        .gpu_index
+        .map_or_else(|| "-".to_string(), |i| i.to_string());
+    macro_rules! emit {
+        ($level:expr) => {
+            tracing::event!(
+                $level,
+                fault = %fault.label(),
+                gpu = %gpu,
+                code = %fault.code,
+                name = %fault.class.name,
+                severity = %fault.class.severity,
+                action = %fault.class.action,
+                nvidia_action = %fault.class.nvidia_action,
+                detail = %fault.detail,
+                "GPU fault detected."
+            )
+        };
+    }
+    match fault.class.severity {
+        Severity::Fatal => emit!(tracing::Level::ERROR),
+        Severity::Warning => emit!(tracing::Level::WARN),
+        Severity::Info => emit!(tracing::Level::INFO),
+    }
+}
+
+/// `8 GPUs, 1 fatal: GPU 3 Xid 79 (reboot)`; `8 GPUs, healthy`.
+fn summary(
+    gpu_count: usize,
+    faults: &[Fault],
+    sources: &BTreeMap<SourceKind, SourceState>,
+) -> String {
+    let gpus = match gpu_count {
+        0 => "no GPUs".to_string(),
+        1 => "1 GPU".to_string(),
+        n => format!("{n} GPUs"),
+    };
+    let count = |s| faults.iter().filter(|f| f.class.severity == s).count();
+    let (fatal, warning) = (count(Severity::Fatal), count(Severity::Warning));
+    let mut line = match faults.first() {
+        Some(worst) if worst.class.severity > Severity::Info => {
+            let mut parts = Vec::new();
+            if fatal > 0 {
+                parts.push(format!("{fatal} fatal"));
+            }
+            if warning > 0 {
+                parts.push(format!("{warning} warning"));
+            }
+            format!(
+                "{gpus}, {}: {} ({})",
+                parts.join(", "),
+                worst.label(),
+                worst.class.action
+            )
+        }
+        _ => format!("{gpus}, healthy"),
+    };
+    for (source, state) in sources {
+        if let SourceState::Failed(_) = state {
+            line.push_str(&format!("; {source} failed"));
+        }
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{classify_xid, DriverBranch};
+    use crate::host::PciDevice;
+    use crate::model::PciAddress;
+
+    fn pci(text: &str) -> PciAddress {
+        text.parse().expect("address")
+    }
+
+    fn model() -> HealthModel {
+        let gpus = [
+            "0000:18:00.0",
+            "0000:2a:00.0",
+            "0000:3a:00.0",
+            "0000:5d:00.0",
+        ]
+        .iter()
+        .map(|a| PciDevice {
+            pci: pci(a),
+            numa_node: Some(0),
+        })
+        .collect();
+        let devices = NvidiaDevices {
+            gpus,
+            ..NvidiaDevices::default()
+        };
+        HealthModel::new("node-a", "boot-1", devices, Duration::from_secs(60))
+    }
+
+    fn xid(address: &str, code: u32, seq: u64) -> Observation {
+        Observation::Fault(FaultReport {
+            component: Component::Gpu { pci: pci(address) },
+            code: FaultCode::Xid(code),
+            class: classify_xid(code, "", DriverBranch::Unknown),
+            source: SourceKind::Kmsg,
+            at: SystemTime::UNIX_EPOCH + Duration::from_secs(seq),
+            detail: format!("Xid {code}"),
+            cursor: Some(seq),
+        })
+    }
+
+    #[test]
+    fn joins_faults_to_gpus_and_summarises() {
+        let mut m = model();
+        assert_eq!(m.snapshot(KmsgStats::default()).summary, "4 GPUs, healthy");
+        m.apply(xid("0000:5d:00", 79, 10));
+        m.apply(xid("0000:18:00", 13, 11));
+        let s = m.snapshot(KmsgStats::default());
+        assert_eq!(
+            s.summary,
+            "4 GPUs, 1 fatal, 1 warning: GPU 3 Xid 79 (reboot)"
+        );
+        assert_eq!(s.health, Health::Fatal);
+        assert_eq!(s.gpus[3].health, Health::Fatal);
+        assert_eq!(s.gpus[3].faults, ["Xid 79"]);
+        assert_eq!(s.gpus[0].health, Health::Warning);
+        assert_eq!(s.faults[0].gpu_index, Some(3));
+        assert_eq!(m.kmsg_cursor(), Some(11));
+    }
+
+    #[test]
+    fn repeats_aggregate_into_a_count() {
+        let mut m = model();
+        for seq in 0..10_000 {
+            m.apply(xid("0000:3a:00", 95, seq));
+        }
+        let s = m.snapshot(KmsgStats::default());
+        assert_eq!(s.faults.len(), 1);
+        assert_eq!(s.faults[0].count, 10_000);
+        assert_eq!(s.faults[0].first_seen, SystemTime::UNIX_EPOCH);
+        assert_eq!(
+            s.faults[0].last_seen,
+            SystemTime::UNIX_EPOCH + Duration::from_secs(9_999)
+        );
+    }
+
+    #[test]
+    fn distinct_faults_are_bounded() {
+        let mut m = model();
+        for i in 0..(MAX_FAULTS as u32 + 500) {
+            let address = format!("{:04x}:{:02x}:00", 0x100 + i / 256, i % 256);
+            m.apply(xid(&address, 13, u64::from(i)));
+        }
+        m.apply(xid("0000:18:00", 79, 99_999));
+        let s = m.snapshot(KmsgStats::default());
+        assert_eq!(s.faults.len(), MAX_FAULTS);
+        assert_eq!(
+            s.faults[0].code,
+            FaultCode::Xid(79),
+            "a fatal fault is never the one evicted"
+        );
+    }
+
+    #[test]
+    fn restore_same_boot_and_new_boot() {
+        let mut m = model();
+        m.apply(xid("0000:18:00", 79, 5));
+        m.apply(xid("0000:2a:00", 54, 6));
+        let state = m.persisted();
+
+        let mut same = model();
+        same.restore(state.clone());
+        assert_eq!(same.kmsg_cursor(), Some(6));
+        assert_eq!(same.snapshot(KmsgStats::default()).faults.len(), 2);
+
+        let mut rebooted = HealthModel::new(
+            "node-a",
+            "boot-2",
+            NvidiaDevices::default(),
+            Duration::from_secs(60),
+        );
+        rebooted.restore(state);
+        assert_eq!(rebooted.kmsg_cursor(), None);
+        let faults = rebooted.snapshot(KmsgStats::default()).faults;
+        assert_eq!(faults.len(), 1, "only the replace fault survives a reboot");
+        assert_eq!(faults[0].code, FaultCode::Xid(54));
+    }
+
+    #[test]
+    fn failed_source_shows_in_summary() {
+        let mut m = model();
+        assert!(m.apply(Observation::Source(
+            SourceKind::Kmsg,
+            SourceState::Failed("denied".into())
+        )));
+        assert!(!m.apply(Observation::Source(
+            SourceKind::Kmsg,
+            SourceState::Failed("denied".into())
+        )));
+        assert_eq!(
+            m.snapshot(KmsgStats::default()).summary,
+            "4 GPUs, healthy; kmsg failed"
+        );
+    }
+}

@@ -1,0 +1,155 @@
+//! The core: one task owns the node's health model. Sources send it observations; it merges
+//! them, persists what must survive a restart, and publishes a snapshot that every sink
+//! reads. Nothing else mutates health state.
+
+mod health;
+mod persist;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, watch};
+
+pub use health::{HealthModel, MAX_FAULTS};
+pub use persist::{PersistError, PersistedState, StateStore};
+
+use crate::model::{HealthSnapshot, Observation};
+use crate::shutdown::Shutdown;
+use crate::sources::kmsg::Counters;
+
+/// How often dirty state is written and kernel-log counters are republished.
+const TICK: Duration = Duration::from_secs(1);
+/// The most observations merged before a snapshot is published, so a flood still shows up.
+const MAX_BATCH: usize = 4096;
+
+/// Requests other tasks can make of the core.
+#[derive(Debug)]
+pub enum Request {
+    /// Liveness check for the systemd watchdog: answered when the core's loop is turning.
+    Ping(oneshot::Sender<()>),
+}
+
+/// A cheap handle to send requests to the core.
+#[derive(Debug, Clone)]
+pub struct CoreHandle(mpsc::Sender<Request>);
+
+impl CoreHandle {
+    /// `true` if the core answered within `timeout`.
+    pub async fn ping(&self, timeout: Duration) -> bool {
+        let (tx, rx) = oneshot::channel();
+        if self.0.send(Request::Ping(tx)).await.is_err() {
+            return false;
+        }
+        matches!(tokio::time::timeout(timeout, rx).await, Ok(Ok(())))
+    }
+}
+
+/// The core task's state.
+#[derive(Debug)]
+pub struct Core {
+    model: HealthModel,
+    store: Option<StateStore>,
+    counters: Arc<Counters>,
+    snapshots: watch::Sender<Arc<HealthSnapshot>>,
+    requests: mpsc::Receiver<Request>,
+    last_persist_error: Option<String>,
+}
+
+impl Core {
+    /// A core over `model`, persisting to `store` (none: in memory only). Returns the core,
+    /// a handle for requests and the snapshot channel sinks subscribe to.
+    pub fn new(
+        model: HealthModel,
+        store: Option<StateStore>,
+        counters: Arc<Counters>,
+    ) -> (Self, CoreHandle, watch::Receiver<Arc<HealthSnapshot>>) {
+        let (snapshots, snapshot_rx) = watch::channel(Arc::new(model.snapshot(counters.stats())));
+        let (request_tx, requests) = mpsc::channel(16);
+        let core = Self {
+            model,
+            store,
+            counters,
+            snapshots,
+            requests,
+            last_persist_error: None,
+        };
+        (core, CoreHandle(request_tx), snapshot_rx)
+    }
+
+    /// Run until shutdown, then persist once more.
+    pub async fn run(
+        mut self,
+        mut observations: mpsc::Receiver<Observation>,
+        mut shutdown: Shutdown,
+    ) {
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut dirty = false;
+        let mut sources_open = true;
+        let mut published_stats = self.counters.stats();
+        loop {
+            tokio::select! {
+                observation = observations.recv(), if sources_open => {
+                    let Some(observation) = observation else {
+                        sources_open = false;
+                        continue;
+                    };
+                    let mut changed = self.model.apply(observation);
+                    for _ in 0..MAX_BATCH {
+                        match observations.try_recv() {
+                            Ok(observation) => changed |= self.model.apply(observation),
+                            Err(_) => break,
+                        }
+                    }
+                    if changed {
+                        dirty = true;
+                        published_stats = self.publish();
+                    }
+                }
+                Some(request) = self.requests.recv() => match request {
+                    Request::Ping(reply) => {
+                        let _ = reply.send(());
+                    }
+                },
+                _ = tick.tick() => {
+                    if dirty {
+                        self.persist();
+                        dirty = false;
+                    }
+                    if self.counters.stats() != published_stats {
+                        published_stats = self.publish();
+                    }
+                }
+                () = shutdown.wait() => break,
+            }
+        }
+        // Merge whatever is already queued so nothing read is lost, then save.
+        while let Ok(observation) = observations.try_recv() {
+            dirty |= self.model.apply(observation);
+        }
+        if dirty {
+            self.persist();
+        }
+    }
+
+    fn publish(&self) -> crate::model::KmsgStats {
+        let stats = self.counters.stats();
+        self.snapshots
+            .send_replace(Arc::new(self.model.snapshot(stats)));
+        stats
+    }
+
+    fn persist(&mut self) {
+        let Some(store) = &self.store else { return };
+        match store.save(&self.model.persisted()) {
+            Ok(()) => self.last_persist_error = None,
+            Err(e) => {
+                let message = e.to_string();
+                if self.last_persist_error.as_deref() != Some(message.as_str()) {
+                    tracing::warn!(error = %message, "Cannot save state; it is kept in memory and retried.");
+                    self.last_persist_error = Some(message);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! The core's state on disk: the kernel-log cursor and the faults, in one file, so the two
+//! can never disagree after a crash (a record is either merged and behind the cursor, or
+//! neither).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::fsutil::{self, backup_path};
+use crate::model::Fault;
+
+const FORMAT_VERSION: u32 = 1;
+
+/// What survives an agent restart.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PersistedState {
+    /// File format version.
+    pub version: u32,
+    /// The boot the cursor belongs to.
+    pub boot_id: String,
+    /// Sequence number of the last kernel-log record merged.
+    pub kmsg_cursor: Option<u64>,
+    /// Faults in the model.
+    pub faults: Vec<Fault>,
+}
+
+impl PersistedState {
+    /// A state for `boot_id` with nothing in it.
+    pub fn empty(boot_id: &str) -> Self {
+        Self {
+            version: FORMAT_VERSION,
+            boot_id: boot_id.to_string(),
+            kmsg_cursor: None,
+            faults: Vec::new(),
+        }
+    }
+}
+
+/// Why the state could not be saved or loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum PersistError {
+    /// The state directory could not be created.
+    #[error("cannot create state directory {path}: {source}")]
+    CreateDir {
+        /// The directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// Writing failed.
+    #[error(transparent)]
+    Write(#[from] fsutil::WriteError),
+    /// Serialising failed.
+    #[error("cannot encode state: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+/// Loads and saves [`PersistedState`] in `<state_dir>/state.json`.
+#[derive(Debug, Clone)]
+pub struct StateStore {
+    path: PathBuf,
+}
+
+impl StateStore {
+    /// A store under `state_dir`.
+    pub fn new(state_dir: &Path) -> Self {
+        Self {
+            path: state_dir.join("state.json"),
+        }
+    }
+
+    /// The state file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Load the state: the file, else its backup (a corrupt file is logged and moved aside),
+    /// else `None`.
+    pub fn load(&self) -> Option<PersistedState> {
+        for path in [self.path.clone(), backup_path(&self.path)] {
+            let bytes = match std::fs::read(&path) {
+                Ok(bytes) => bytes,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "Cannot read state file.");
+                    continue;
+                }
+            };
+            match serde_json::from_slice::<PersistedState>(&bytes) {
+                Ok(state) if state.version == FORMAT_VERSION => return Some(state),
+                Ok(state) => {
+                    tracing::warn!(path = %path.display(), version = state.version, "State file has an unknown format version; ignored.");
+                }
+                Err(e) => {
+                    let aside = path.with_extension("corrupt");
+                    tracing::warn!(path = %path.display(), error = %e, moved_to = %aside.display(), "State file is corrupt; moved aside.");
+                    let _ = std::fs::rename(&path, &aside);
+                }
+            }
+        }
+        None
+    }
+
+    /// Save the state atomically (with a backup of the previous one).
+    pub fn save(&self, state: &PersistedState) -> Result<(), PersistError> {
+        if let Some(dir) = self.path.parent() {
+            std::fs::create_dir_all(dir).map_err(|source| PersistError::CreateDir {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        }
+        let bytes = serde_json::to_vec_pretty(state)?;
+        fsutil::write_atomic(&self.path, &bytes)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_falls_back_to_backup() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = StateStore::new(&dir.path().join("nested"));
+        assert_eq!(store.load(), None);
+        let mut state = PersistedState::empty("boot-a");
+        state.kmsg_cursor = Some(41);
+        store.save(&state).expect("save");
+        state.kmsg_cursor = Some(42);
+        store.save(&state).expect("save again");
+        assert_eq!(store.load().expect("load").kmsg_cursor, Some(42));
+        std::fs::write(store.path(), b"{ half a file").expect("corrupt it");
+        assert_eq!(store.load().expect("backup").kmsg_cursor, Some(41));
+        assert!(store.path().with_extension("corrupt").exists());
+    }
+}

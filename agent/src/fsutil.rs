@@ -1,0 +1,89 @@
+//! Writing files so that a crash never leaves a half-written one.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Why a file could not be written.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write {path}: {source}")]
+pub struct WriteError {
+    /// The file (or its temporary sibling) that failed.
+    pub path: PathBuf,
+    /// The I/O error.
+    pub source: std::io::Error,
+}
+
+/// Replace `path` with `contents` atomically: write a temporary sibling, fsync it, keep the
+/// old file as `<path>.bak`, rename the new one into place and fsync the directory. A crash
+/// at any point leaves either the old or the new file, never a mix.
+pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), WriteError> {
+    let err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| WriteError { path, source }
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let result = (|| {
+        let mut file = std::fs::File::create(&tmp).map_err(err(&tmp))?;
+        file.write_all(contents).map_err(err(&tmp))?;
+        file.sync_all().map_err(err(&tmp))?;
+        if path.exists() {
+            let backup = backup_path(path);
+            // A hard link keeps the old contents reachable across the rename.
+            let _ = std::fs::remove_file(&backup);
+            std::fs::hard_link(path, &backup).map_err(err(&backup))?;
+        }
+        std::fs::rename(&tmp, path).map_err(err(path))?;
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(err(dir))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Where [`write_atomic`] keeps the previous version.
+pub fn backup_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_os_string();
+    name.push(".bak");
+    PathBuf::from(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replaces_and_keeps_a_backup() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.json");
+        write_atomic(&path, b"one").expect("first write");
+        assert!(!backup_path(&path).exists());
+        write_atomic(&path, b"two").expect("second write");
+        assert_eq!(std::fs::read(&path).expect("read"), b"two");
+        assert_eq!(
+            std::fs::read(backup_path(&path)).expect("read backup"),
+            b"one"
+        );
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("list")
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().contains(".tmp."))
+            .collect();
+        assert!(leftovers.is_empty());
+    }
+
+    #[test]
+    fn failure_names_the_path_and_leaves_no_temp() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("missing-dir/state.json");
+        let e = write_atomic(&path, b"x").expect_err("no such dir");
+        assert!(e.to_string().contains("missing-dir"));
+    }
+}

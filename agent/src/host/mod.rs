@@ -1,0 +1,7 @@
+//! Facts about the host read from sysfs and procfs (roots injectable for tests).
+
+mod boot;
+mod pci;
+
+pub use boot::{boot_id, boot_time, driver_branch};
+pub use pci::{nvidia_devices, NvidiaDevices, PciDevice};

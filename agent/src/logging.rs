@@ -1,0 +1,28 @@
+//! Log setup: journald (structured fields) when running under systemd, stderr otherwise.
+
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::EnvFilter;
+
+/// Install the global subscriber. `RUST_LOG` overrides `default_level`.
+pub fn init(default_level: &str) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    let registry = tracing_subscriber::registry().with(filter);
+    // systemd sets JOURNAL_STREAM for services whose stderr goes to the journal.
+    if std::env::var_os("JOURNAL_STREAM").is_some() {
+        if let Ok(journald) = tracing_journald::layer() {
+            registry
+                .with(journald.with_syslog_identifier("gpu-agent".into()))
+                .init();
+            return;
+        }
+    }
+    registry
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_target(false),
+        )
+        .init();
+}

@@ -1,0 +1,188 @@
+//! Faults: what went wrong, where, how bad it is and what should happen next.
+
+use std::fmt;
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+use super::PciAddress;
+
+/// How bad a fault is. Ordered: `Info < Warning < Fatal`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// Worth recording; nothing to do.
+    Info,
+    /// Degraded or suspicious; the node keeps working.
+    Warning,
+    /// The GPU or node cannot be trusted with work until the action is taken.
+    Fatal,
+}
+
+/// What should happen next. Ordered by how disruptive it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Action {
+    /// Nothing.
+    None,
+    /// The application that hit the fault should be restarted.
+    RestartApp,
+    /// The GPU should be reset (drain its work first).
+    ResetGpu,
+    /// The node should be rebooted.
+    Reboot,
+    /// The node should be replaced.
+    Replace,
+}
+
+/// Which source produced an observation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SourceKind {
+    /// The kernel log (`/dev/kmsg`).
+    Kmsg,
+}
+
+/// The hardware a fault belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Component {
+    /// A GPU, by PCI address.
+    Gpu {
+        /// The GPU's PCI address.
+        pci: PciAddress,
+    },
+    /// An NVSwitch, by PCI address.
+    Nvswitch {
+        /// The switch's PCI address.
+        pci: PciAddress,
+    },
+    /// The node as a whole.
+    Node,
+}
+
+/// The kind of fault, in the vocabulary of the component that reported it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(tag = "type", content = "code", rename_all = "kebab-case")]
+pub enum FaultCode {
+    /// An NVIDIA Xid.
+    Xid(u32),
+    /// An NVSwitch SXid.
+    Sxid(u32),
+    /// The driver reported the GPU gone from the bus without an Xid line.
+    FallenOffBus,
+}
+
+impl fmt::Display for FaultCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Xid(code) => write!(f, "Xid {code}"),
+            Self::Sxid(code) => write!(f, "SXid {code}"),
+            Self::FallenOffBus => f.write_str("fallen off the bus"),
+        }
+    }
+}
+
+impl fmt::Display for Severity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Info => "info",
+            Self::Warning => "warning",
+            Self::Fatal => "fatal",
+        })
+    }
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::None => "none",
+            Self::RestartApp => "restart-app",
+            Self::ResetGpu => "reset-gpu",
+            Self::Reboot => "reboot",
+            Self::Replace => "replace",
+        })
+    }
+}
+
+impl fmt::Display for SourceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Kmsg => "kmsg",
+        })
+    }
+}
+
+/// What the catalog says about a fault code: its name, NVIDIA's advice and our decision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Classification {
+    /// NVIDIA's mnemonic (e.g. `ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS`).
+    pub name: String,
+    /// What the code means.
+    pub description: String,
+    /// NVIDIA's immediate-action bucket (e.g. `RESTART_BM`), or empty where NVIDIA gives none.
+    pub nvidia_action: String,
+    /// Our severity.
+    pub severity: Severity,
+    /// Our action.
+    pub action: Action,
+}
+
+/// One fault as a source saw it, before the core merges it into the health model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FaultReport {
+    /// Where it happened.
+    pub component: Component,
+    /// What happened.
+    pub code: FaultCode,
+    /// The catalog's verdict.
+    pub class: Classification,
+    /// Who saw it.
+    pub source: SourceKind,
+    /// When it was seen.
+    pub at: SystemTime,
+    /// The raw evidence (the kernel log line, trimmed).
+    pub detail: String,
+    /// The source's position (kernel log sequence number), so a restart resumes after it.
+    pub cursor: Option<u64>,
+}
+
+/// A fault in the node's health model: a report merged with its repeats.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fault {
+    /// Where it happened.
+    pub component: Component,
+    /// The GPU's index (bus order) when the component is a known GPU.
+    pub gpu_index: Option<u32>,
+    /// What happened.
+    pub code: FaultCode,
+    /// Who saw it.
+    pub source: SourceKind,
+    /// The catalog's verdict.
+    #[serde(flatten)]
+    pub class: Classification,
+    /// First occurrence.
+    #[serde(with = "super::time")]
+    pub first_seen: SystemTime,
+    /// Latest occurrence.
+    #[serde(with = "super::time")]
+    pub last_seen: SystemTime,
+    /// How many times it was seen.
+    pub count: u64,
+    /// The latest raw evidence.
+    pub detail: String,
+    /// The boot it was last seen in.
+    pub boot_id: String,
+}
+
+impl Fault {
+    /// A short human label: `GPU 3 Xid 79`, `NVSwitch 0000:05:00.0 SXid 12028`.
+    pub fn label(&self) -> String {
+        match (self.component, self.gpu_index) {
+            (Component::Gpu { .. }, Some(index)) => format!("GPU {index} {}", self.code),
+            (Component::Gpu { pci }, None) => format!("GPU {pci} {}", self.code),
+            (Component::Nvswitch { pci }, _) => format!("NVSwitch {pci} {}", self.code),
+            (Component::Node, _) => format!("node {}", self.code),
+        }
+    }
+}

@@ -1,0 +1,24 @@
+//! The shared vocabulary of sources, core and sinks.
+//!
+//! Nothing here depends on Kubernetes, AWS or NVML crates: sources translate what they read
+//! into these types, the core merges them, sinks render them.
+
+mod fault;
+mod pci;
+mod snapshot;
+pub mod time;
+
+pub use fault::{
+    Action, Classification, Component, Fault, FaultCode, FaultReport, Severity, SourceKind,
+};
+pub use pci::{PciAddress, PciAddressError};
+pub use snapshot::{GpuStatus, Health, HealthSnapshot, KmsgStats, SourceState, SourceStatus};
+
+/// What a source tells the core.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Observation {
+    /// A fault was seen.
+    Fault(FaultReport),
+    /// A source changed state (started, turned off, failed).
+    Source(SourceKind, SourceState),
+}

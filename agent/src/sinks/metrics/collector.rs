@@ -1,0 +1,215 @@
+//! Turning a snapshot into Prometheus metrics.
+
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+
+use crate::model::{Component, FaultCode, Health, HealthSnapshot, SourceState};
+
+/// Reads the latest snapshot on every scrape.
+#[derive(Debug)]
+pub struct SnapshotCollector(watch::Receiver<Arc<HealthSnapshot>>);
+
+impl SnapshotCollector {
+    /// A collector over the core's snapshot channel.
+    pub fn new(snapshots: watch::Receiver<Arc<HealthSnapshot>>) -> Self {
+        Self(snapshots)
+    }
+}
+
+/// Encode the registry in the Prometheus text format.
+pub fn encode(registry: &Registry) -> Result<String, std::fmt::Error> {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, registry)?;
+    Ok(text)
+}
+
+fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: i64) -> std::fmt::Result {
+    let metric = ConstGauge::new(value);
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+fn counter(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: u64,
+) -> std::fmt::Result {
+    let metric = ConstCounter::new(value);
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+fn code_label(code: FaultCode) -> String {
+    match code {
+        FaultCode::Xid(c) => format!("xid-{c}"),
+        FaultCode::Sxid(c) => format!("sxid-{c}"),
+        FaultCode::FallenOffBus => "fallen-off-bus".to_string(),
+    }
+}
+
+impl Collector for SnapshotCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let s = Arc::clone(&self.0.borrow());
+        {
+            let labels = [("version", s.version.as_str())];
+            let metric = ConstGauge::new(1);
+            let mut family = encoder.encode_descriptor(
+                "gpu_agent_build_info",
+                "Agent build information.",
+                None,
+                metric.metric_type(),
+            )?;
+            metric.encode(family.encode_family(&labels)?)?;
+        }
+        let health = match s.health {
+            Health::Healthy => 0,
+            Health::Warning => 1,
+            Health::Fatal => 2,
+        };
+        gauge(
+            &mut encoder,
+            "gpu_agent_node_health",
+            "Worst fault severity on the node: 0 healthy, 1 warning, 2 fatal.",
+            health,
+        )?;
+        gauge(
+            &mut encoder,
+            "gpu_agent_gpus",
+            "NVIDIA GPUs found on the PCI bus.",
+            i64::try_from(s.gpus.len()).unwrap_or(i64::MAX),
+        )?;
+
+        let fault_labels: Vec<[(&str, String); 5]> = s
+            .faults
+            .iter()
+            .map(|f| {
+                let gpu = match (f.component, f.gpu_index) {
+                    (_, Some(i)) => i.to_string(),
+                    (Component::Gpu { pci } | Component::Nvswitch { pci }, None) => pci.to_string(),
+                    (Component::Node, None) => "node".to_string(),
+                };
+                [
+                    ("gpu", gpu),
+                    (
+                        "component",
+                        match f.component {
+                            Component::Gpu { .. } => "gpu",
+                            Component::Nvswitch { .. } => "nvswitch",
+                            Component::Node => "node",
+                        }
+                        .to_string(),
+                    ),
+                    ("code", code_label(f.code)),
+                    ("severity", f.class.severity.to_string()),
+                    ("action", f.class.action.to_string()),
+                ]
+            })
+            .collect();
+        {
+            let mut family = encoder.encode_descriptor(
+                "gpu_agent_fault_active",
+                "A fault present in the health model (1), by GPU, code, severity and action.",
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            for labels in &fault_labels {
+                ConstGauge::new(1i64).encode(family.encode_family(labels)?)?;
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "gpu_agent_fault_occurrences",
+                "Times each fault in the health model was seen.",
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for (labels, fault) in fault_labels.iter().zip(&s.faults) {
+                ConstCounter::new(fault.count).encode(family.encode_family(labels)?)?;
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "gpu_agent_source_up",
+                "Whether a source is running (1) or off, failed or ended (0).",
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            for src in &s.sources {
+                let up = i64::from(matches!(src.state, SourceState::On));
+                let labels = [("source", src.source.to_string())];
+                ConstGauge::new(up).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        counter(
+            &mut encoder,
+            "gpu_agent_kmsg_records_read",
+            "Kernel log records read.",
+            s.kmsg.records_read,
+        )?;
+        counter(
+            &mut encoder,
+            "gpu_agent_kmsg_records_lost",
+            "Kernel log records overwritten before they were read.",
+            s.kmsg.records_lost,
+        )?;
+        counter(
+            &mut encoder,
+            "gpu_agent_kmsg_records_matched",
+            "Kernel log records that were GPU or NVSwitch faults.",
+            s.kmsg.records_matched,
+        )?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::HealthModel;
+    use crate::model::{KmsgStats, Observation, SourceKind};
+    use std::time::Duration;
+
+    #[test]
+    fn renders_faults_and_counters() {
+        let mut model = HealthModel::new(
+            "n",
+            "b",
+            crate::host::NvidiaDevices::default(),
+            Duration::from_secs(60),
+        );
+        let report = crate::sources::kmsg::report(
+            "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.",
+            Some(3),
+            std::time::SystemTime::now(),
+            crate::catalog::DriverBranch::Unknown,
+        )
+        .expect("fault");
+        model.apply(Observation::Fault(report));
+        model.apply(Observation::Source(SourceKind::Kmsg, SourceState::On));
+        let stats = KmsgStats {
+            records_read: 10,
+            records_lost: 2,
+            records_matched: 1,
+        };
+        let (_tx, rx) = watch::channel(Arc::new(model.snapshot(stats)));
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(SnapshotCollector::new(rx)));
+        let text = encode(&registry).expect("encode");
+        assert!(text.contains("gpu_agent_node_health 2"), "{text}");
+        assert!(text.contains(r#"gpu_agent_fault_active{gpu="0000:3b:00.0",component="gpu",code="xid-79",severity="fatal",action="reboot"} 1"#), "{text}");
+        assert!(
+            text.contains("gpu_agent_kmsg_records_lost_total 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"gpu_agent_source_up{source="kmsg"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"gpu_agent_build_info{version=""#), "{text}");
+    }
+}

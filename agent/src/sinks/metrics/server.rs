@@ -1,0 +1,96 @@
+//! The `/metrics` HTTP endpoint (hyper, HTTP/1.1).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+
+use crate::shutdown::Shutdown;
+
+const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Why the endpoint could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen for metrics on {addr}: {source}")]
+pub struct ServeError {
+    /// The address.
+    pub addr: SocketAddr,
+    /// The I/O error.
+    pub source: std::io::Error,
+}
+
+/// Bind `addr`; the returned future serves until shutdown.
+pub async fn serve(
+    addr: SocketAddr,
+    registry: Registry,
+    shutdown: Shutdown,
+) -> Result<(SocketAddr, impl std::future::Future<Output = ()>), ServeError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError { addr, source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| ServeError { addr, source })?;
+    let registry = Arc::new(registry);
+    Ok((local, accept_loop(listener, registry, shutdown)))
+}
+
+async fn accept_loop(listener: TcpListener, registry: Arc<Registry>, mut shutdown: Shutdown) {
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::debug!(error = %e, "Metrics accept failed.");
+                    continue;
+                }
+            },
+            () = shutdown.wait() => return,
+        };
+        let registry = Arc::clone(&registry);
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let registry = Arc::clone(&registry);
+                async move { Ok::<_, Infallible>(respond(&req, &registry)) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+fn respond(req: &Request<Incoming>, registry: &Registry) -> Response<Full<Bytes>> {
+    let plain = |status: StatusCode, body: &'static str| {
+        let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+        *response.status_mut() = status;
+        response
+    };
+    if req.uri().path() != "/metrics" {
+        return plain(
+            StatusCode::NOT_FOUND,
+            "not found; metrics are at /metrics\n",
+        );
+    }
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return plain(StatusCode::METHOD_NOT_ALLOWED, "use GET\n");
+    }
+    match super::encode(registry) {
+        Ok(text) => {
+            let mut response = Response::new(Full::new(Bytes::from(text)));
+            if let Ok(value) = hyper::header::HeaderValue::from_str(CONTENT_TYPE) {
+                response
+                    .headers_mut()
+                    .insert(hyper::header::CONTENT_TYPE, value);
+            }
+            response
+        }
+        Err(_) => plain(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics\n"),
+    }
+}

@@ -1,0 +1,8 @@
+//! Sinks: each renders the core's [`HealthSnapshot`] for one audience. Sinks read
+//! snapshots; they never change health state.
+//!
+//! [`HealthSnapshot`]: crate::model::HealthSnapshot
+
+pub mod metrics;
+pub mod status;
+pub mod systemd;

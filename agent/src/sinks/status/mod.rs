@@ -1,0 +1,38 @@
+//! The status socket: a Unix socket where `gpu-agent status` asks the running daemon for its
+//! health snapshot. One JSON request line in, one JSON response line out.
+
+mod client;
+mod render;
+mod server;
+
+use serde::{Deserialize, Serialize};
+
+pub use client::{query, ClientError};
+pub use render::render;
+pub use server::{serve, Listener, ServerError};
+
+use crate::model::HealthSnapshot;
+
+/// A request on the status socket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "kebab-case")]
+pub enum Request {
+    /// The current health snapshot.
+    Status,
+}
+
+/// The answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "kebab-case")]
+pub enum Response {
+    /// The snapshot.
+    Status {
+        /// Health as of now.
+        snapshot: Box<HealthSnapshot>,
+    },
+    /// The request was not understood or could not be served.
+    Error {
+        /// Why.
+        message: String,
+    },
+}

@@ -1,0 +1,98 @@
+//! The human-readable status table.
+
+use std::fmt::Write;
+
+use crate::model::{Component, Health, HealthSnapshot, SourceState};
+
+/// Render a snapshot as the table `gpu-agent status` and `check` print.
+pub fn render(s: &HealthSnapshot) -> String {
+    let mut out = String::new();
+    let health = match s.health {
+        Health::Healthy => "HEALTHY",
+        Health::Warning => "WARNING",
+        Health::Fatal => "FATAL",
+    };
+    let _ = writeln!(
+        out,
+        "gpu-agent {} on {} (boot {})",
+        s.version, s.node_name, s.boot_id
+    );
+    let _ = writeln!(out, "Health: {health}: {}", s.summary);
+
+    let _ = writeln!(
+        out,
+        "\n{:<4} {:<14} {:<8} FAULTS",
+        "GPU", "BUS ID", "HEALTH"
+    );
+    if s.gpus.is_empty() {
+        let _ = writeln!(out, "(no NVIDIA GPUs on the PCI bus)");
+    }
+    for g in &s.gpus {
+        let faults = if g.faults.is_empty() {
+            "-".to_string()
+        } else {
+            g.faults.join(", ")
+        };
+        let _ = writeln!(
+            out,
+            "{:<4} {:<14} {:<8} {faults}",
+            g.index,
+            g.pci.to_string(),
+            health_word(g.health)
+        );
+    }
+
+    if !s.faults.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n{:<8} {:<22} {:<11} {:<12} {:>7}  {:<20} NAME",
+            "SEVERITY", "WHERE", "CODE", "ACTION", "COUNT", "LAST SEEN"
+        );
+        for f in &s.faults {
+            let place = match (f.component, f.gpu_index) {
+                (Component::Gpu { pci }, Some(i)) => format!("GPU {i} {pci}"),
+                (Component::Gpu { pci }, None) => format!("GPU {pci}"),
+                (Component::Nvswitch { pci }, _) => format!("NVSwitch {pci}"),
+                (Component::Node, _) => "node".to_string(),
+            };
+            let _ = writeln!(
+                out,
+                "{:<8} {:<22} {:<11} {:<12} {:>7}  {:<20} {}",
+                f.class.severity.to_string(),
+                place,
+                f.code.to_string(),
+                f.class.action.to_string(),
+                f.count,
+                crate::model::time::rfc3339(f.last_seen),
+                f.class.name
+            );
+        }
+    }
+
+    let _ = writeln!(out, "\nSOURCES");
+    for src in &s.sources {
+        let state = match &src.state {
+            SourceState::Starting => "starting".to_string(),
+            SourceState::On => "on".to_string(),
+            SourceState::Ended => "ended".to_string(),
+            SourceState::Off(reason) => format!("off: {reason}"),
+            SourceState::Failed(reason) => format!("FAILED: {reason}"),
+        };
+        let _ = writeln!(out, "{:<8} {state}", src.source.to_string());
+    }
+    let k = &s.kmsg;
+    let _ = writeln!(
+        out,
+        "kernel log: {} records read, {} lost, {} matched",
+        k.records_read, k.records_lost, k.records_matched
+    );
+    out
+}
+
+fn health_word(h: Health) -> &'static str {
+    match h {
+        Health::Healthy => "healthy",
+        Health::Warning => "warning",
+        Health::Fatal => "fatal",
+    }
+}

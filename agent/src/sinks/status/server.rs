@@ -1,0 +1,147 @@
+//! The daemon side of the status socket.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{watch, Semaphore};
+
+use super::{Request, Response};
+use crate::model::HealthSnapshot;
+use crate::shutdown::Shutdown;
+
+/// Clients served at once; more wait briefly, then are turned away.
+const MAX_CLIENTS: usize = 32;
+/// A client must send its request and take the answer within this.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest request line accepted.
+const MAX_REQUEST: u64 = 4096;
+
+/// Why the socket could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The socket's directory could not be created.
+    #[error("cannot create status socket directory {path}: {source}")]
+    CreateDir {
+        /// The directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// Another daemon answers on the socket.
+    #[error("status socket {path} is in use by another running gpu-agent")]
+    InUse {
+        /// The socket.
+        path: PathBuf,
+    },
+    /// Binding failed.
+    #[error("cannot bind status socket {path}: {source}")]
+    Bind {
+        /// The socket.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+/// A bound status socket, removed when dropped.
+#[derive(Debug)]
+pub struct Listener {
+    listener: UnixListener,
+    path: PathBuf,
+}
+
+impl Listener {
+    /// Bind `path`, replacing a stale socket left by a crashed daemon (but never one a live
+    /// daemon answers on). The socket is mode 0660: root and the socket's group may ask.
+    pub async fn bind(path: &Path) -> Result<Self, ServerError> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|source| ServerError::CreateDir {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        }
+        if path.exists() {
+            if UnixStream::connect(path).await.is_ok() {
+                return Err(ServerError::InUse {
+                    path: path.to_path_buf(),
+                });
+            }
+            let _ = std::fs::remove_file(path);
+        }
+        let bind_err = |source| ServerError::Bind {
+            path: path.to_path_buf(),
+            source,
+        };
+        let listener = UnixListener::bind(path).map_err(bind_err)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(bind_err)?;
+        Ok(Self {
+            listener,
+            path: path.to_path_buf(),
+        })
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Answer status requests until shutdown.
+pub async fn serve(
+    listener: Listener,
+    snapshots: watch::Receiver<Arc<HealthSnapshot>>,
+    mut shutdown: Shutdown,
+) {
+    let permits = Arc::new(Semaphore::new(MAX_CLIENTS));
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::warn!(error = %e, "Status socket accept failed.");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = shutdown.wait() => return,
+        };
+        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+            // Flooded: drop the connection rather than queue without bound.
+            drop(stream);
+            continue;
+        };
+        let snapshots = snapshots.clone();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(CLIENT_TIMEOUT, answer(stream, snapshots)).await;
+            drop(permit);
+        });
+    }
+}
+
+async fn answer(
+    stream: UnixStream,
+    snapshots: watch::Receiver<Arc<HealthSnapshot>>,
+) -> std::io::Result<()> {
+    let (read, mut write) = stream.into_split();
+    let mut line = String::new();
+    BufReader::new(read.take(MAX_REQUEST))
+        .read_line(&mut line)
+        .await?;
+    let response = match serde_json::from_str::<Request>(&line) {
+        Ok(Request::Status) => Response::Status {
+            snapshot: Box::new(snapshots.borrow().as_ref().clone()),
+        },
+        Err(e) => Response::Error {
+            message: format!("bad request: {e}"),
+        },
+    };
+    let mut bytes = serde_json::to_vec(&response).map_err(std::io::Error::other)?;
+    bytes.push(b'\n');
+    write.write_all(&bytes).await?;
+    write.shutdown().await
+}

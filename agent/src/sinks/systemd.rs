@@ -1,0 +1,70 @@
+//! systemd integration: `READY=1`, `STATUS=` (the line `systemctl status` shows), watchdog
+//! pings and `STOPPING=1`. Without `NOTIFY_SOCKET` every call is a quiet no-op.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sd_notify::NotifyState;
+use tokio::sync::watch;
+
+use crate::core::CoreHandle;
+use crate::model::HealthSnapshot;
+use crate::shutdown::Shutdown;
+
+fn notify(states: &[NotifyState]) {
+    if let Err(e) = sd_notify::notify(false, states) {
+        tracing::debug!(error = %e, "sd_notify failed.");
+    }
+}
+
+/// Tell systemd the daemon is up (sources and sinks are running).
+pub fn ready(status: &str) {
+    notify(&[NotifyState::Ready, NotifyState::Status(status)]);
+}
+
+/// Tell systemd the daemon is stopping.
+pub fn stopping() {
+    notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
+}
+
+/// The watchdog interval systemd asked for, if any.
+pub fn watchdog_interval() -> Option<Duration> {
+    let mut usec = 0;
+    sd_notify::watchdog_enabled(false, &mut usec).then(|| Duration::from_micros(usec))
+}
+
+/// Keep `STATUS=` in step with the snapshot's summary, and ping the watchdog while the core
+/// answers, until shutdown.
+pub async fn run(
+    mut snapshots: watch::Receiver<Arc<HealthSnapshot>>,
+    core: CoreHandle,
+    mut shutdown: Shutdown,
+) {
+    let watchdog = watchdog_interval();
+    let period = watchdog.map_or(Duration::from_secs(3600), |w| w / 2);
+    let mut tick = tokio::time::interval(period);
+    let mut last = snapshots.borrow().summary.clone();
+    loop {
+        tokio::select! {
+            changed = snapshots.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let summary = snapshots.borrow_and_update().summary.clone();
+                if summary != last {
+                    notify(&[NotifyState::Status(&summary)]);
+                    last = summary;
+                }
+            }
+            _ = tick.tick(), if watchdog.is_some() => {
+                // Only a core whose loop is turning keeps the watchdog fed.
+                if core.ping(period).await {
+                    notify(&[NotifyState::Watchdog]);
+                } else {
+                    tracing::error!("Core did not answer the watchdog ping.");
+                }
+            }
+            () = shutdown.wait() => return,
+        }
+    }
+}

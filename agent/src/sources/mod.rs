@@ -1,0 +1,6 @@
+//! Sources: each reads one kind of outside input and emits typed [`Observation`]s to the core.
+//! Sources never call sinks.
+//!
+//! [`Observation`]: crate::model::Observation
+
+pub mod kmsg;

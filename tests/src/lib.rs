@@ -1,0 +1,314 @@
+//! Helpers for the end-to-end tests: run the real `gpu-agent` binary against a temporary
+//! config, a fake sysfs/procfs tree and the real `/dev/kmsg`.
+//!
+//! The kernel log is shared by every test (and every earlier run) on the machine, so each
+//! [`Agent`] gets its own PCI domain: its fake GPUs live there, lines are injected there, and
+//! assertions look only there.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Bus numbers of the fake GPUs, in index order.
+pub const GPU_BUSES: [u8; 8] = [0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];
+/// Bus number of the fake NVSwitch.
+pub const NVSWITCH_BUS: u8 = 0x05;
+
+/// The `gpu-agent` binary built by this workspace.
+pub fn binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("GPU_AGENT_BIN") {
+        return PathBuf::from(path);
+    }
+    // target/<profile>/deps/<test-binary> -> target/<profile>/gpu-agent
+    let exe = std::env::current_exe().expect("current exe");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = profile_dir.join("gpu-agent");
+    assert!(
+        bin.exists(),
+        "{} missing: run `cargo build -p gpu-agent` (cargo test --workspace builds it)",
+        bin.display()
+    );
+    bin
+}
+
+/// A PCI domain no other test in this run uses.
+pub fn unique_domain() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let seed = std::process::id().wrapping_mul(2_654_435_761)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+    0x1000 + (seed.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed) * 7919)) % 0xe000
+}
+
+/// Write one line into the real kernel log. A fresh open per line: the kernel rate-limits
+/// writes per open file (10 lines per 5 s) and silently drops the rest.
+pub fn inject(line: &str) {
+    let mut kmsg = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/kmsg")
+        .expect("open /dev/kmsg (tests run as root)");
+    kmsg.write_all(format!("<3>{line}\n").as_bytes())
+        .expect("write /dev/kmsg");
+}
+
+/// The fake host an agent runs on.
+#[derive(Debug)]
+pub struct Host {
+    /// Temporary directory holding everything.
+    pub dir: tempfile::TempDir,
+    /// This host's PCI domain.
+    pub domain: u32,
+}
+
+impl Host {
+    /// A host with eight GPUs and one NVSwitch in a fresh PCI domain, and boot id `boot-1`.
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let host = Self {
+            dir,
+            domain: unique_domain(),
+        };
+        for bus in GPU_BUSES {
+            host.pci_device(bus, "0x030200");
+        }
+        host.pci_device(NVSWITCH_BUS, "0x068000");
+        host.set_boot_id("boot-1");
+        std::fs::write(host.procfs().join("sys/kernel/hostname"), "test-node\n").expect("hostname");
+        host
+    }
+
+    fn pci_device(&self, bus: u8, class: &str) {
+        let dev = self
+            .sysfs()
+            .join("bus/pci/devices")
+            .join(format!("{:04x}:{bus:02x}:00.0", self.domain));
+        std::fs::create_dir_all(&dev).expect("mkdir");
+        std::fs::write(dev.join("vendor"), "0x10de\n").expect("vendor");
+        std::fs::write(dev.join("class"), format!("{class}\n")).expect("class");
+        std::fs::write(dev.join("numa_node"), "0\n").expect("numa");
+    }
+
+    /// Fake sysfs root.
+    pub fn sysfs(&self) -> PathBuf {
+        self.dir.path().join("sys")
+    }
+
+    /// Fake procfs root.
+    pub fn procfs(&self) -> PathBuf {
+        self.dir.path().join("proc")
+    }
+
+    /// Change the boot id (a "reboot").
+    pub fn set_boot_id(&self, id: &str) {
+        let dir = self.procfs().join("sys/kernel/random");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(dir.join("boot_id"), format!("{id}\n")).expect("boot_id");
+    }
+
+    /// `dddd:bb:00` for GPU `index`, as Xid lines print it.
+    pub fn gpu_bdf(&self, index: usize) -> String {
+        format!("{:04x}:{:02x}:00", self.domain, GPU_BUSES[index])
+    }
+
+    /// `dddd:05:00.0`, the NVSwitch.
+    pub fn nvswitch_bdf(&self) -> String {
+        format!("{:04x}:{NVSWITCH_BUS:02x}:00.0", self.domain)
+    }
+
+    /// Does a PCI address (as status prints it) belong to this host?
+    pub fn owns(&self, pci: &str) -> bool {
+        pci.starts_with(&format!("{:04x}:", self.domain))
+    }
+
+    /// Write a config for this host; `extra` is appended (more TOML).
+    pub fn config(&self, extra: &str) -> PathBuf {
+        let path = self.dir.path().join("config.toml");
+        let text = format!(
+            "state_dir = {state:?}\n\n[status]\nsocket = {sock:?}\n\n[sysfs]\nroot = {sys:?}\n\n[procfs]\nroot = {proc:?}\n\n{extra}\n",
+            state = self.dir.path().join("state"),
+            sock = self.socket(),
+            sys = self.sysfs(),
+            proc = self.procfs(),
+        );
+        let text = if extra.contains("[metrics]") {
+            text
+        } else {
+            format!("{text}\n[metrics]\nenabled = false\n")
+        };
+        std::fs::write(&path, text).expect("config");
+        path
+    }
+
+    /// The status socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("agent.sock")
+    }
+}
+
+impl Default for Host {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Run `gpu-agent ARGS`, returning (exit code, stdout, stderr).
+pub fn cli(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(binary())
+        .args(args)
+        .output()
+        .expect("run gpu-agent");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A running daemon.
+#[derive(Debug)]
+pub struct Agent {
+    child: Option<Child>,
+    config: PathBuf,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+impl Agent {
+    /// Start `gpu-agent run` with `config` and wait until it answers on `socket` with its
+    /// kernel-log source running.
+    pub fn start(config: &Path, socket: &Path) -> Self {
+        let log = config.with_file_name(format!(
+            "agent-{}.log",
+            Instant::now().elapsed().as_nanos() ^ u128::from(unique_domain())
+        ));
+        let child = Command::new(binary())
+            .arg("--config")
+            .arg(config)
+            .arg("run")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("spawn gpu-agent run");
+        let agent = Self {
+            child: Some(child),
+            config: config.to_path_buf(),
+            socket: socket.to_path_buf(),
+            log,
+        };
+        agent.wait_for(Duration::from_secs(10), |s| {
+            s["sources"]
+                .as_array()
+                .is_some_and(|a| a.iter().all(|src| src["state"] != "starting"))
+        });
+        agent
+    }
+
+    /// The daemon's snapshot, straight from the status socket; `None` if it does not answer.
+    pub fn snapshot(&self) -> Option<Value> {
+        let mut stream = UnixStream::connect(&self.socket).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        stream.write_all(b"{\"command\":\"status\"}\n").ok()?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).ok()?;
+        let value: Value = serde_json::from_str(&answer).ok()?;
+        Some(value["snapshot"].clone())
+    }
+
+    /// Poll the snapshot until `pred` holds; panics with the last snapshot after `timeout`.
+    pub fn wait_for(&self, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let snapshot = self.snapshot();
+            if let Some(s) = &snapshot {
+                if pred(s) {
+                    return s.clone();
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "condition not met within {timeout:?}; last snapshot: {snapshot:#?}\nlog:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// `gpu-agent status ARGS` against this daemon.
+    pub fn status(&self, json: bool) -> (i32, String) {
+        let config = self.config.to_string_lossy().into_owned();
+        let mut args = vec!["--config", config.as_str(), "status"];
+        if json {
+            args.push("--json");
+        }
+        let (code, out, _) = cli(&args);
+        (code, out)
+    }
+
+    /// Everything the daemon logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, then wait for exit.
+    pub fn stop(mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("running");
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "daemon did not exit after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The faults in `snapshot` on this host's hardware.
+pub fn faults_on<'a>(snapshot: &'a Value, host: &Host) -> Vec<&'a Value> {
+    snapshot["faults"]
+        .as_array()
+        .map(|faults| {
+            faults
+                .iter()
+                .filter(|f| f["component"]["pci"].as_str().is_some_and(|p| host.owns(p)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The fault with code `(type, code)` on this host, if present.
+pub fn fault<'a>(
+    snapshot: &'a Value,
+    host: &Host,
+    kind: &str,
+    code: Option<u64>,
+) -> Option<&'a Value> {
+    faults_on(snapshot, host)
+        .into_iter()
+        .find(|f| f["code"]["type"] == kind && code.is_none_or(|c| f["code"]["code"] == c))
+}

@@ -1,0 +1,287 @@
+//! The real daemon following the real `/dev/kmsg`: classification, GPU mapping, restarts,
+//! floods, degraded start-up and the CLI around it.
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use gpu_agent_e2e::{cli, fault, faults_on, inject, Agent, Host};
+use serde_json::Value;
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn gpu_of(f: &Value) -> Option<u64> {
+    f["gpu_index"].as_u64()
+}
+
+#[test]
+fn classifies_every_line_format_against_the_right_gpu_within_a_second() {
+    let host = Host::new();
+    let agent = Agent::start(&host.config(""), &host.socket());
+    let sw = host.nvswitch_bdf();
+    let lines = [
+        format!("NVRM: Xid (PCI:{}): 79, pid=1234, name=python3, GPU has fallen off the bus.", host.gpu_bdf(3)),
+        format!("NVRM: Xid ({}): 13, Graphics Exception on (GPC 0, TPC 1, SM 0)", host.gpu_bdf(0)),
+        format!("NVRM: Xid (PCI:{}): 31, pid='<unknown>', name=<unknown>, Ch 00000008, intr 10000000. MMU Fault", host.gpu_bdf(1)),
+        format!("NVRM: Xid (PCI:{}): 48, pid=0, Ch 00000010, DBE", host.gpu_bdf(2)),
+        format!("NVRM: GPU at PCI:{}: GPU has fallen off the bus.", host.gpu_bdf(4)),
+        format!("NVRM: Xid (PCI:{}): 9999, pid=77, name=train, something new", host.gpu_bdf(5)),
+        format!("nvidia-nvswitch2: SXid (PCI:{sw}): 12028, Non-fatal, Link 27 egress non-posted PRIV error"),
+        format!("nvidia-nvswitch2: SXid (PCI:{sw}): 12028, Severity 0 Engine instance 27 Sub-engine instance 00"),
+        format!("NVRM: Xid (PCI:{}): 144, SAW_MVB Fatal XC0 i0 Link 04 (0x00000001 0x00000002 0x0 0x0 0x0 0x0 0x0)", host.gpu_bdf(7)),
+    ];
+    // Look-alikes: quoted inside another message, or not an Xid number.
+    inject(&format!(
+        "audit: comm=\"grep\" args=\"NVRM: Xid (PCI:{}): 79, pid=1\"",
+        host.gpu_bdf(6)
+    ));
+    inject(&format!(
+        "NVRM: Xid (PCI:{}): seventy-nine, pid=1",
+        host.gpu_bdf(6)
+    ));
+    for line in &lines[..5] {
+        inject(line);
+    }
+    std::thread::sleep(Duration::from_millis(20)); // second batch: a fresh rate-limit window per open
+    for line in &lines[5..] {
+        inject(line);
+    }
+
+    let s = agent.wait_for(SECOND, |s| faults_on(s, &host).len() == 8);
+
+    let f = fault(&s, &host, "xid", Some(79)).expect("Xid 79");
+    assert_eq!(
+        (gpu_of(f), f["severity"].as_str(), f["action"].as_str()),
+        (Some(3), Some("fatal"), Some("reboot"))
+    );
+    assert_eq!(f["name"], "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS");
+    assert_eq!(f["nvidia_action"], "RESTART_BM");
+
+    let f = fault(&s, &host, "xid", Some(13)).expect("Xid 13");
+    assert_eq!(
+        (gpu_of(f), f["severity"].as_str(), f["action"].as_str()),
+        (Some(0), Some("warning"), Some("restart-app"))
+    );
+    let f = fault(&s, &host, "xid", Some(31)).expect("Xid 31");
+    assert_eq!(
+        (gpu_of(f), f["severity"].as_str()),
+        (Some(1), Some("warning"))
+    );
+    let f = fault(&s, &host, "xid", Some(48)).expect("Xid 48");
+    assert_eq!(
+        (gpu_of(f), f["severity"].as_str(), f["action"].as_str()),
+        (Some(2), Some("fatal"), Some("reset-gpu"))
+    );
+    let f = fault(&s, &host, "fallen-off-bus", None).expect("fallen off the bus");
+    assert_eq!(
+        (gpu_of(f), f["severity"].as_str()),
+        (Some(4), Some("fatal"))
+    );
+    let f = fault(&s, &host, "xid", Some(9999)).expect("unknown Xid");
+    assert_eq!(
+        (gpu_of(f), f["name"].as_str(), f["severity"].as_str()),
+        (Some(5), Some("UNKNOWN_XID"), Some("warning"))
+    );
+    let f = fault(&s, &host, "sxid", Some(12028)).expect("SXid");
+    assert_eq!(
+        (
+            f["component"]["kind"].as_str(),
+            f["severity"].as_str(),
+            f["count"].as_u64()
+        ),
+        (Some("nvswitch"), Some("warning"), Some(1)),
+        "follow-up line is not a second event"
+    );
+    let f = fault(&s, &host, "xid", Some(144)).expect("NVLink5 Xid 144");
+    assert_eq!(
+        (gpu_of(f), f["severity"].as_str(), f["action"].as_str()),
+        (Some(7), Some("fatal"), Some("reset-gpu"))
+    );
+    assert!(f["nvidia_action"]
+        .as_str()
+        .is_some_and(|a| a.contains("SAW_MVB")));
+
+    // The look-alikes left GPU 6 alone.
+    let gpus = s["gpus"].as_array().expect("gpus");
+    assert_eq!(gpus.len(), 8);
+    assert_eq!(gpus[6]["health"], "healthy");
+    assert_eq!(gpus[3]["health"], "fatal");
+    assert_eq!(gpus[3]["pci"], format!("{}.0", host.gpu_bdf(3)));
+
+    // The CLI shows the same model and exits 1 (unhealthy).
+    let (code, out) = agent.status(true);
+    assert_eq!(code, 1, "{out}");
+    let cli_view: Value = serde_json::from_str(&out).expect("status --json is JSON");
+    assert_eq!(faults_on(&cli_view, &host).len(), 8);
+    let (code, table) = agent.status(false);
+    assert_eq!(code, 1);
+    assert!(table.contains("Health: FATAL"), "{table}");
+    assert!(
+        table.contains("ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS"),
+        "{table}"
+    );
+    assert!(agent.stop().success());
+}
+
+#[test]
+fn restart_does_not_count_twice_and_a_new_boot_resets() {
+    let host = Host::new();
+    let config = host.config("");
+    let line = format!(
+        "NVRM: Xid (PCI:{}): 48, pid=9, name=x, DBE",
+        host.gpu_bdf(0)
+    );
+    let count = |s: &Value| fault(s, &host, "xid", Some(48)).and_then(|f| f["count"].as_u64());
+
+    let agent = Agent::start(&config, &host.socket());
+    inject(&line);
+    inject(&line);
+    agent.wait_for(SECOND, |s| count(s) == Some(2));
+    assert!(agent.stop().success());
+
+    // Same boot: the two records are behind the persisted cursor.
+    let agent = Agent::start(&config, &host.socket());
+    std::thread::sleep(Duration::from_millis(300));
+    let s = agent.snapshot().expect("snapshot");
+    assert_eq!(count(&s), Some(2), "restart re-counted records");
+    inject(&line);
+    agent.wait_for(SECOND, |s| count(s) == Some(3));
+    assert!(agent.stop().success());
+
+    // New boot id: the cursor restarts and this boot's log is read afresh; the old boot's
+    // reset-gpu fault does not carry over, so the count is what the log holds, not 3 + 3.
+    host.set_boot_id("boot-2");
+    let agent = Agent::start(&config, &host.socket());
+    let s = agent.wait_for(SECOND, |s| count(s) == Some(3));
+    assert_eq!(s["boot_id"], "boot-2");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(count(&agent.snapshot().expect("snapshot")), Some(3));
+    assert!(agent.stop().success());
+}
+
+#[test]
+fn a_flood_of_identical_lines_is_one_fault_with_a_count_and_two_log_lines() {
+    let host = Host::new();
+    let agent = Agent::start(&host.config(""), &host.socket());
+    let line = format!(
+        "NVRM: Xid (PCI:{}): 95, pid=3, name=x, Uncontained: FBHUB. RST: Yes, D-RST: No",
+        host.gpu_bdf(2)
+    );
+    const FLOOD: u64 = 600;
+    for _ in 0..FLOOD {
+        inject(&line);
+    }
+    let s = agent.wait_for(Duration::from_secs(5), |s| {
+        let lost = s["kmsg"]["records_lost"].as_u64().unwrap_or(0);
+        fault(s, &host, "xid", Some(95))
+            .and_then(|f| f["count"].as_u64())
+            .is_some_and(|c| c + lost >= FLOOD)
+    });
+    assert_eq!(faults_on(&s, &host).len(), 1);
+    let mentions = agent
+        .log()
+        .lines()
+        .filter(|l| l.contains(&host.gpu_bdf(2)))
+        .count();
+    assert!(mentions <= 2, "the journal was flooded: {mentions} lines");
+    assert!(agent.stop().success());
+}
+
+#[test]
+fn check_reads_this_boot_without_a_daemon() {
+    let host = Host::new();
+    let config = host.config("");
+    let config = config.to_string_lossy();
+    inject(&format!(
+        "NVRM: Xid (PCI:{}): 79, pid=1, name=x, GPU has fallen off the bus.",
+        host.gpu_bdf(1)
+    ));
+    let (code, out, err) = cli(&["--config", &config, "check", "--json"]);
+    assert_eq!(code, 1, "{err}");
+    let s: Value = serde_json::from_str(&out).expect("JSON");
+    let f = fault(&s, &host, "xid", Some(79)).expect("Xid 79 found by check");
+    assert_eq!(gpu_of(f), Some(1));
+}
+
+#[test]
+fn status_without_a_daemon_exits_2() {
+    let host = Host::new();
+    let config = host.config("");
+    let (code, _, err) = cli(&["--config", &config.to_string_lossy(), "status"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("cannot reach the gpu-agent daemon"), "{err}");
+}
+
+#[test]
+fn bad_config_names_file_key_and_reason() {
+    let host = Host::new();
+    let path = host.dir.path().join("bad.toml");
+    std::fs::write(&path, "[kmsg]\nenabled = true\nfollow = 3\n").expect("write");
+    let (code, _, err) = cli(&["--config", &path.to_string_lossy(), "run"]);
+    assert_eq!(code, 78, "{err}");
+    assert!(
+        err.contains(&*path.to_string_lossy()) && err.contains("follow") && err.contains("line 3"),
+        "{err}"
+    );
+    std::fs::write(&path, "[metrics]\nlisten = \"everywhere\"\n").expect("write");
+    let (code, _, err) = cli(&["--config", &path.to_string_lossy(), "check"]);
+    assert_eq!(code, 78);
+    assert!(err.contains("metrics.listen"), "{err}");
+}
+
+#[test]
+fn unreadable_kmsg_and_missing_sysfs_degrade_without_crashing() {
+    let host = Host::new();
+    let config = host.config("[kmsg]\npath = \"/nonexistent/kmsg\"\n");
+    std::fs::remove_dir_all(host.sysfs()).expect("remove sysfs");
+    let agent = Agent::start(&config, &host.socket());
+    let s = agent.snapshot().expect("daemon answers");
+    assert_eq!(s["sources"][0]["state"], "failed");
+    assert!(s["sources"][0]["reason"]
+        .as_str()
+        .is_some_and(|r| r.contains("/nonexistent/kmsg")));
+    assert_eq!(s["summary"], "no GPUs, healthy; kmsg failed");
+    let (code, table) = agent.status(false);
+    assert_eq!(code, 0);
+    assert!(
+        table.contains("FAILED: cannot open kernel log /nonexistent/kmsg"),
+        "{table}"
+    );
+    assert!(agent.stop().success());
+
+    let (code, _, err) = cli(&["--config", &config.to_string_lossy(), "check"]);
+    assert_eq!(code, 2, "check cannot check: {err}");
+    assert!(err.contains("/nonexistent/kmsg"));
+}
+
+#[test]
+fn metrics_endpoint_serves_faults() {
+    let host = Host::new();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let config = host.config(&format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n"));
+    let agent = Agent::start(&config, &host.socket());
+    inject(&format!(
+        "NVRM: Xid (PCI:{}): 79, pid=1, name=x, GPU has fallen off the bus.",
+        host.gpu_bdf(3)
+    ));
+    agent.wait_for(SECOND, |s| fault(s, &host, "xid", Some(79)).is_some());
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .expect("request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("response");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(
+        response
+            .to_ascii_lowercase()
+            .contains("content-type: application/openmetrics-text"),
+        "{response}"
+    );
+    assert!(response.contains(r#"gpu_agent_fault_active{gpu="3",component="gpu",code="xid-79",severity="fatal",action="reboot"} 1"#), "{response}");
+    assert!(response.contains("gpu_agent_gpus 8"));
+    assert!(agent.stop().success());
+}
