@@ -184,15 +184,29 @@ impl Agent {
     /// Start `gpu-agent run` with `config` and wait until it answers on `socket` with its
     /// kernel-log source running.
     pub fn start(config: &Path, socket: &Path) -> Self {
+        Self::start_with_env(config, socket, &[])
+    }
+
+    /// [`Agent::start`] with extra environment variables (`NOTIFY_SOCKET`, ...).
+    pub fn start_with_env(config: &Path, socket: &Path, env: &[(&str, &str)]) -> Self {
         let log = config.with_file_name(format!(
             "agent-{}.log",
             Instant::now().elapsed().as_nanos() ^ u128::from(unique_domain())
         ));
-        let child = Command::new(binary())
+        // systemd names the watched process in WATCHDOG_PID; `exec` keeps the shell's pid.
+        let mut command = if env.iter().any(|(k, _)| *k == "WATCHDOG_USEC") {
+            let mut c = Command::new("sh");
+            c.arg("-c").arg("WATCHDOG_PID=$$ exec \"$0\" \"$@\"").arg(binary());
+            c
+        } else {
+            Command::new(binary())
+        };
+        let child = command
             .arg("--config")
             .arg(config)
             .arg("run")
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))

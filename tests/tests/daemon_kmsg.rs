@@ -285,3 +285,40 @@ fn metrics_endpoint_serves_faults() {
     assert!(response.contains("gpu_agent_gpus 8"));
     assert!(agent.stop().success());
 }
+
+#[test]
+fn tells_systemd_ready_status_and_watchdog() {
+    use std::os::unix::net::UnixDatagram;
+    let host = Host::new();
+    let notify_path = host.dir.path().join("notify.sock");
+    let notify = UnixDatagram::bind(&notify_path).expect("bind notify socket");
+    notify.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    let notify_env = notify_path.to_string_lossy().into_owned();
+    let agent = Agent::start_with_env(
+        &host.config(""),
+        &host.socket(),
+        &[("NOTIFY_SOCKET", &notify_env), ("WATCHDOG_USEC", "200000")],
+    );
+    let mut messages = Vec::new();
+    let mut buf = [0u8; 4096];
+    let mut recv_until = |messages: &mut Vec<String>, want: &dyn Fn(&str) -> bool| loop {
+        let n = notify.recv(&mut buf).expect("a notify message within 5 s");
+        let m = String::from_utf8_lossy(&buf[..n]).into_owned();
+        messages.push(m.clone());
+        if want(&m) {
+            return;
+        }
+    };
+    recv_until(&mut messages, &|m| m.contains("READY=1"));
+    let ready = messages.last().expect("ready").clone();
+    // (The shared kernel log may hold other tests' faults on other PCI domains.)
+    assert!(ready.contains("STATUS=8 GPUs, "), "{ready}");
+    recv_until(&mut messages, &|m| m.contains("WATCHDOG=1"));
+
+    inject(&format!("NVRM: Xid (PCI:{}): 79, pid=1, name=x, GPU has fallen off the bus.", host.gpu_bdf(3)));
+    recv_until(&mut messages, &|m| m.starts_with("STATUS=") && m.contains("GPU 3 Xid 79"));
+    let status = messages.last().expect("status");
+    assert!(status.starts_with("STATUS=8 GPUs, ") && status.ends_with(": GPU 3 Xid 79 (reboot)\n"), "{status}");
+    assert!(agent.stop().success());
+    recv_until(&mut messages, &|m| m.contains("STOPPING=1"));
+}
