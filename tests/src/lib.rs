@@ -196,7 +196,9 @@ impl Agent {
         // systemd names the watched process in WATCHDOG_PID; `exec` keeps the shell's pid.
         let mut command = if env.iter().any(|(k, _)| *k == "WATCHDOG_USEC") {
             let mut c = Command::new("sh");
-            c.arg("-c").arg("WATCHDOG_PID=$$ exec \"$0\" \"$@\"").arg(binary());
+            c.arg("-c")
+                .arg("WATCHDOG_PID=$$ exec \"$0\" \"$@\"")
+                .arg(binary());
             c
         } else {
             Command::new(binary())

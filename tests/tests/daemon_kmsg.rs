@@ -292,7 +292,9 @@ fn tells_systemd_ready_status_and_watchdog() {
     let host = Host::new();
     let notify_path = host.dir.path().join("notify.sock");
     let notify = UnixDatagram::bind(&notify_path).expect("bind notify socket");
-    notify.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    notify
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
     let notify_env = notify_path.to_string_lossy().into_owned();
     let agent = Agent::start_with_env(
         &host.config(""),
@@ -315,10 +317,18 @@ fn tells_systemd_ready_status_and_watchdog() {
     assert!(ready.contains("STATUS=8 GPUs, "), "{ready}");
     recv_until(&mut messages, &|m| m.contains("WATCHDOG=1"));
 
-    inject(&format!("NVRM: Xid (PCI:{}): 79, pid=1, name=x, GPU has fallen off the bus.", host.gpu_bdf(3)));
-    recv_until(&mut messages, &|m| m.starts_with("STATUS=") && m.contains("GPU 3 Xid 79"));
+    inject(&format!(
+        "NVRM: Xid (PCI:{}): 79, pid=1, name=x, GPU has fallen off the bus.",
+        host.gpu_bdf(3)
+    ));
+    recv_until(&mut messages, &|m| {
+        m.starts_with("STATUS=") && m.contains("GPU 3 Xid 79")
+    });
     let status = messages.last().expect("status");
-    assert!(status.starts_with("STATUS=8 GPUs, ") && status.ends_with(": GPU 3 Xid 79 (reboot)\n"), "{status}");
+    assert!(
+        status.starts_with("STATUS=8 GPUs, ") && status.ends_with(": GPU 3 Xid 79 (reboot)\n"),
+        "{status}"
+    );
     assert!(agent.stop().success());
     recv_until(&mut messages, &|m| m.contains("STOPPING=1"));
 }
