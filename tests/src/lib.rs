@@ -36,6 +36,34 @@ pub fn binary() -> PathBuf {
     bin
 }
 
+/// The fake NVML library (`tests/fake-nvml`), built on first use. `cargo test` does not
+/// produce a crate's `cdylib`, so it is built here, in its own target directory (the
+/// workspace's is locked by the running `cargo test`).
+pub fn fake_nvml() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().expect("current exe");
+            let target = exe
+                .ancestors()
+                .nth(3)
+                .expect("target dir")
+                .join("fake-nvml");
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("fake-nvml/Cargo.toml");
+            let status = Command::new(cargo)
+                .args(["build", "--quiet", "--manifest-path"])
+                .arg(&manifest)
+                .arg("--target-dir")
+                .arg(&target)
+                .status()
+                .expect("run cargo build for fake-nvml");
+            assert!(status.success(), "building fake-nvml failed");
+            target.join("debug/libfake_nvml.so")
+        })
+        .clone()
+}
+
 /// A PCI domain no other test in this run uses.
 pub fn unique_domain() -> u32 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -327,4 +355,77 @@ pub fn fault<'a>(
     faults_on(snapshot, host)
         .into_iter()
         .find(|f| f["code"]["type"] == kind && code.is_none_or(|c| f["code"]["code"] == c))
+}
+
+/// What the fake NVML library reports for a [`Host`]: eight H100s on an NVSwitch baseboard,
+/// each with 18 NVLinks up, plus per-GPU TOML overrides.
+#[derive(Debug, Clone, Default)]
+pub struct NvmlScenario {
+    extra: std::collections::BTreeMap<usize, String>,
+}
+
+impl NvmlScenario {
+    /// All eight GPUs healthy.
+    pub fn healthy() -> Self {
+        Self::default()
+    }
+
+    /// Add TOML lines to GPU `index`'s table (e.g. `"remap.pending = true"`).
+    pub fn gpu(mut self, index: usize, toml: &str) -> Self {
+        let entry = self.extra.entry(index).or_default();
+        entry.push_str(toml);
+        entry.push('\n');
+        self
+    }
+
+    /// Write the scenario file for `host` (atomically, so the library never reads half).
+    pub fn write(&self, host: &Host) {
+        let mut text = String::from("driver_version = \"570.133.20\"\n");
+        for (i, bus) in GPU_BUSES.iter().enumerate() {
+            text.push_str(&format!(
+                "\n[[gpu]]\npci = \"{:04x}:{bus:02x}:00.0\"\nuuid = \"GPU-{:08x}-{i}\"\nname = \"NVIDIA H100 80GB HBM3\"\nserial = \"16520230{i:05}\"\n{}",
+                host.domain,
+                host.domain,
+                self.extra.get(&i).map_or("", String::as_str)
+            ));
+            if !self
+                .extra
+                .get(&i)
+                .is_some_and(|e| e.contains("nvlink.up") || e.contains("[gpu.nvlink]"))
+            {
+                text.push_str("nvlink.up = [true, true, true, true, true, true, true, true, true, true, true, true, true, true, true, true, true, true]\n");
+            }
+        }
+        let path = host.nvml_scenario_path();
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, text).expect("write scenario");
+        std::fs::rename(&tmp, &path).expect("rename scenario");
+    }
+}
+
+impl Host {
+    /// Where the fake NVML library reads its scenario.
+    pub fn nvml_scenario_path(&self) -> PathBuf {
+        self.dir.path().join("nvml.toml")
+    }
+
+    /// Config lines pointing `[nvml]` at the fake library, polling fast.
+    pub fn nvml_config(&self) -> String {
+        format!(
+            "[nvml]\nlibrary = {:?}\npoll_interval = \"100ms\"\nexpected_gpus = 8\n",
+            fake_nvml()
+        )
+    }
+
+    /// Start a daemon with the fake NVML library reading `scenario`.
+    pub fn start_with_nvml(&self, scenario: &NvmlScenario, extra_config: &str) -> Agent {
+        scenario.write(self);
+        let config = self.config(&format!("{}\n{extra_config}", self.nvml_config()));
+        let path = self.nvml_scenario_path();
+        Agent::start_with_env(
+            &config,
+            &self.socket(),
+            &[("FAKE_NVML_SCENARIO", &path.to_string_lossy())],
+        )
+    }
 }

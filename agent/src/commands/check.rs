@@ -1,4 +1,4 @@
-//! `gpu-agent check`: a one-shot health check of this boot's kernel log, no daemon needed
+//! `gpu-agent check`: a one-shot health check (this boot's kernel log and one NVML poll), no daemon needed
 //! (launch-time preflight, Slurm `HealthCheckProgram`).
 
 use anyhow::Context;
@@ -7,7 +7,7 @@ use super::{HostFacts, EXIT_UNREACHABLE};
 use crate::config::Loaded;
 use crate::model::{Observation, SourceKind, SourceState};
 use crate::sinks::status::render;
-use crate::sources::kmsg;
+use crate::sources::{kmsg, nvml};
 
 /// Read the kernel log once, classify, print, and exit 0 healthy / 1 unhealthy / 2 could not check.
 pub fn check(loaded: &Loaded, json: bool) -> anyhow::Result<u8> {
@@ -38,6 +38,25 @@ pub fn check(loaded: &Loaded, json: bool) -> anyhow::Result<u8> {
         model.apply(Observation::Source(
             SourceKind::Kmsg,
             SourceState::Off("disabled by [kmsg] enabled = false".into()),
+        ));
+    }
+    if config.nvml.enabled {
+        match nvml::load(&config.nvml.library) {
+            Ok(lib) => {
+                model.apply(Observation::Source(SourceKind::Nvml, SourceState::On));
+                model.apply(nvml::Poller::new(HostFacts::nvml_settings(config)).poll(&lib));
+            }
+            Err(reason) => {
+                model.apply(Observation::Source(
+                    SourceKind::Nvml,
+                    SourceState::Off(reason),
+                ));
+            }
+        }
+    } else {
+        model.apply(Observation::Source(
+            SourceKind::Nvml,
+            SourceState::Off("disabled by [nvml] enabled = false".into()),
         ));
     }
     let snapshot = model.snapshot(counters.stats());

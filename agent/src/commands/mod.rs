@@ -57,6 +57,16 @@ impl HostFacts {
         )
     }
 
+    /// NVML source settings.
+    pub fn nvml_settings(config: &Config) -> crate::sources::nvml::Settings {
+        crate::sources::nvml::Settings {
+            library: config.nvml.library.clone(),
+            poll_interval: config.nvml.poll_interval.0,
+            expected_gpus: config.nvml.expected_gpus,
+            sysfs_root: config.sysfs.root.clone(),
+        }
+    }
+
     /// Kernel-log source settings, resuming after `cursor`.
     pub fn kmsg_settings(config: &Config, cursor: Option<u64>) -> kmsg::Settings {
         kmsg::Settings {

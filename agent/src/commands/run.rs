@@ -12,7 +12,7 @@ use crate::config::Loaded;
 use crate::core::{Core, StateStore};
 use crate::model::{Observation, SourceKind, SourceState};
 use crate::sinks::{metrics, status, systemd};
-use crate::sources::kmsg;
+use crate::sources::{kmsg, nvml};
 
 /// Observations queued between sources and the core; a full queue slows the kernel-log
 /// reader (the kernel then overruns and we count the loss) instead of growing memory.
@@ -65,6 +65,16 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
         model.apply(Observation::Source(
             SourceKind::Kmsg,
             SourceState::Off("disabled by [kmsg] enabled = false".into()),
+        ));
+    }
+    if config.nvml.enabled {
+        model.apply(Observation::Source(SourceKind::Nvml, SourceState::Starting));
+        nvml::spawn(HostFacts::nvml_settings(&config), tx.clone())
+            .context("cannot start the NVML thread")?;
+    } else {
+        model.apply(Observation::Source(
+            SourceKind::Nvml,
+            SourceState::Off("disabled by [nvml] enabled = false".into()),
         ));
     }
     drop(tx);

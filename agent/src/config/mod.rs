@@ -70,6 +70,34 @@ pub struct Config {
     pub procfs: ProcfsConfig,
     /// The Prometheus endpoint.
     pub metrics: MetricsConfig,
+    /// The NVML health source.
+    pub nvml: NvmlConfig,
+}
+
+/// `[nvml]`: GPU health polled through NVML (no DCGM needed).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NvmlConfig {
+    /// Poll NVML.
+    pub enabled: bool,
+    /// The NVML library: a file name searched the usual way, or a path.
+    pub library: PathBuf,
+    /// How often to poll.
+    pub poll_interval: HumanDuration,
+    /// GPUs this node should have; 0 derives it from the instance type (DMI product name)
+    /// or, failing that, from the NVIDIA GPUs on the PCI bus.
+    pub expected_gpus: u32,
+}
+
+impl Default for NvmlConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            library: PathBuf::from("libnvidia-ml.so.1"),
+            poll_interval: HumanDuration(std::time::Duration::from_secs(10)),
+            expected_gpus: 0,
+        }
+    }
 }
 
 /// `[status]`: the socket `gpu-agent status` talks to.
@@ -128,6 +156,7 @@ impl Default for Config {
             sysfs: SysfsConfig::default(),
             procfs: ProcfsConfig::default(),
             metrics: MetricsConfig::default(),
+            nvml: NvmlConfig::default(),
         }
     }
 }
@@ -257,6 +286,9 @@ impl Config {
                     &format!("must be an absolute path, got {value:?}"),
                 ));
             }
+        }
+        if self.nvml.poll_interval.0 < std::time::Duration::from_millis(100) {
+            return Err(invalid("nvml.poll_interval", "must be at least 100ms"));
         }
         if self.kmsg.repeat_log_interval.0.is_zero() {
             return Err(invalid(

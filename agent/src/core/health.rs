@@ -6,8 +6,9 @@ use std::time::{Duration, Instant, SystemTime};
 use super::persist::PersistedState;
 use crate::host::NvidiaDevices;
 use crate::model::{
-    Action, Component, Fault, FaultCode, FaultReport, GpuStatus, Health, HealthSnapshot, KmsgStats,
-    Observation, Severity, SourceKind, SourceState, SourceStatus,
+    Action, Component, Fault, FaultCode, FaultReport, GpuIdentity, GpuStatus, Health,
+    HealthSnapshot, KmsgStats, Observation, PciAddress, Severity, SourceKind, SourceState,
+    SourceStatus,
 };
 
 /// The most distinct faults kept; past this the least severe, oldest one is dropped, so a
@@ -34,6 +35,13 @@ pub struct HealthModel {
     kmsg_cursor: Option<u64>,
     repeat_log_interval: Duration,
     logged: HashMap<Key, Logged>,
+    nvml_gpus: Vec<GpuIdentity>,
+    driver_version: Option<String>,
+}
+
+/// GPUs compare by domain, bus and device; kernel-log lines omit the function.
+fn slot(pci: PciAddress) -> (u32, u8, u8) {
+    (pci.domain, pci.bus, pci.device)
 }
 
 impl HealthModel {
@@ -53,7 +61,31 @@ impl HealthModel {
             kmsg_cursor: None,
             repeat_log_interval,
             logged: HashMap::new(),
+            nvml_gpus: Vec::new(),
+            driver_version: None,
         }
+    }
+
+    /// Every GPU known, from sysfs or NVML, in bus order: the index is the position.
+    fn gpu_addresses(&self) -> Vec<PciAddress> {
+        let mut all: Vec<PciAddress> = self.devices.gpus.iter().map(|d| d.pci).collect();
+        for pci in self.nvml_gpus.iter().filter_map(|g| g.pci) {
+            if !all.iter().any(|a| slot(*a) == slot(pci)) {
+                all.push(pci);
+            }
+        }
+        all.sort_by_key(|a| slot(*a));
+        all
+    }
+
+    fn gpu_index(addresses: &[PciAddress], component: Component) -> Option<u32> {
+        let Component::Gpu { pci } = component else {
+            return None;
+        };
+        addresses
+            .iter()
+            .position(|a| slot(*a) == slot(pci))
+            .and_then(|i| u32::try_from(i).ok())
     }
 
     /// Take over a persisted state. Same boot: everything, including the kernel-log cursor.
@@ -100,7 +132,56 @@ impl HealthModel {
                 self.sources.insert(source, state);
                 changed
             }
+            Observation::Poll {
+                source,
+                faults,
+                gpus,
+                driver_version,
+            } => {
+                let mut changed = gpus != self.nvml_gpus || driver_version != self.driver_version;
+                self.nvml_gpus = gpus;
+                self.driver_version = driver_version;
+                changed |= self.replace_conditions(source, faults);
+                changed
+            }
         }
+    }
+
+    /// A polling source's faults are conditions: present while the source sees them,
+    /// cleared when it stops. A condition seen again is not a new occurrence.
+    fn replace_conditions(&mut self, source: SourceKind, reports: Vec<FaultReport>) -> bool {
+        let keys: Vec<Key> = reports.iter().map(|r| (r.component, r.code)).collect();
+        let gone: Vec<Key> = self
+            .faults
+            .iter()
+            .filter(|(k, f)| f.source == source && !keys.contains(k))
+            .map(|(k, _)| *k)
+            .collect();
+        let mut changed = !gone.is_empty();
+        for key in gone {
+            if let Some(fault) = self.faults.remove(&key) {
+                tracing::info!(fault = %fault.label(), "Fault cleared.");
+            }
+            self.logged.remove(&key);
+        }
+        for report in reports {
+            let key = (report.component, report.code);
+            match self.faults.get_mut(&key) {
+                Some(fault) if fault.source == source => {
+                    fault.last_seen = report.at;
+                    fault.detail = report.detail;
+                    if fault.class != report.class {
+                        fault.class = report.class;
+                        changed = true;
+                    }
+                }
+                _ => {
+                    self.merge(report);
+                    changed = true;
+                }
+            }
+        }
+        changed
     }
 
     fn merge(&mut self, report: FaultReport) {
@@ -110,10 +191,6 @@ impl HealthModel {
             }
         }
         let key = (report.component, report.code);
-        let gpu_index = match report.component {
-            Component::Gpu { pci } => self.devices.gpu_index(pci),
-            _ => None,
-        };
         if let Some(fault) = self.faults.get_mut(&key) {
             fault.count += 1;
             fault.last_seen = fault.last_seen.max(report.at);
@@ -132,7 +209,7 @@ impl HealthModel {
         }
         let fault = Fault {
             component: report.component,
-            gpu_index,
+            gpu_index: Self::gpu_index(&self.gpu_addresses(), report.component),
             code: report.code,
             source: report.source,
             class: report.class,
@@ -193,7 +270,11 @@ impl HealthModel {
 
     /// Everything a sink needs, worst fault first.
     pub fn snapshot(&self, kmsg: KmsgStats) -> HealthSnapshot {
+        let addresses = self.gpu_addresses();
         let mut faults: Vec<Fault> = self.faults.values().cloned().collect();
+        for fault in &mut faults {
+            fault.gpu_index = Self::gpu_index(&addresses, fault.component);
+        }
         faults.sort_by(|a, b| {
             (b.class.severity, b.class.action, b.last_seen).cmp(&(
                 a.class.severity,
@@ -201,19 +282,23 @@ impl HealthModel {
                 a.last_seen,
             ))
         });
-        let gpus: Vec<GpuStatus> = self
-            .devices
-            .gpus
+        let gpus: Vec<GpuStatus> = addresses
             .iter()
             .enumerate()
-            .map(|(index, device)| {
+            .map(|(index, pci)| {
+                let index = u32::try_from(index).unwrap_or(u32::MAX);
                 let mine: Vec<&Fault> = faults
                     .iter()
-                    .filter(|f| matches!(f.component, Component::Gpu { pci } if self.devices.gpu_index(pci) == u32::try_from(index).ok()))
+                    .filter(|f| f.gpu_index == Some(index))
                     .collect();
                 GpuStatus {
-                    index: u32::try_from(index).unwrap_or(u32::MAX),
-                    pci: device.pci,
+                    index,
+                    pci: *pci,
+                    nvml: self
+                        .nvml_gpus
+                        .iter()
+                        .find(|g| g.pci.is_some_and(|p| slot(p) == slot(*pci)))
+                        .cloned(),
                     health: Health::from_worst(mine.iter().map(|f| f.class.severity).max()),
                     faults: mine.iter().map(|f| f.code.to_string()).collect(),
                 }
@@ -234,11 +319,12 @@ impl HealthModel {
             node_name: self.node_name.clone(),
             boot_id: self.boot_id.clone(),
             health,
-            summary: summary(self.devices.gpus.len(), &faults, &self.sources),
+            summary: summary(addresses.len(), &faults, &self.sources),
             gpus,
             faults,
             sources,
             kmsg,
+            driver_version: self.driver_version.clone(),
             updated_at: SystemTime::now(),
         }
     }

@@ -26,18 +26,6 @@ pub struct NvidiaDevices {
     pub problem: Option<String>,
 }
 
-impl NvidiaDevices {
-    /// The GPU index (bus order) of a PCI address, ignoring the function number.
-    pub fn gpu_index(&self, pci: PciAddress) -> Option<u32> {
-        self.gpus
-            .iter()
-            .position(|g| {
-                (g.pci.domain, g.pci.bus, g.pci.device) == (pci.domain, pci.bus, pci.device)
-            })
-            .and_then(|i| u32::try_from(i).ok())
-    }
-}
-
 /// Enumerate NVIDIA GPUs and NVSwitches. Missing or unreadable entries are skipped, never
 /// fatal: the reason is returned in [`NvidiaDevices::problem`].
 pub fn nvidia_devices(sysfs_root: &Path) -> NvidiaDevices {
@@ -104,11 +92,6 @@ mod tests {
         assert_eq!(found.gpus[1].numa_node, Some(1));
         assert_eq!(found.nvswitches.len(), 1);
         assert_eq!(found.nvswitches[0].numa_node, None);
-        assert_eq!(
-            found.gpu_index("0000:b8:00".parse().expect("addr")),
-            Some(1)
-        );
-        assert_eq!(found.gpu_index("0000:99:00".parse().expect("addr")), None);
     }
 
     #[test]

@@ -41,6 +41,8 @@ pub enum Action {
 pub enum SourceKind {
     /// The kernel log (`/dev/kmsg`).
     Kmsg,
+    /// NVML polling.
+    Nvml,
 }
 
 /// The hardware a fault belongs to.
@@ -71,6 +73,32 @@ pub enum FaultCode {
     Sxid(u32),
     /// The driver reported the GPU gone from the bus without an Xid line.
     FallenOffBus,
+    /// Fewer GPUs than expected (on the bus, or visible to NVML).
+    GpuMissing,
+    /// NVML reports the GPU lost (`NVML_ERROR_GPU_IS_LOST`).
+    GpuLost,
+    /// NVML reports the GPU needs a reset (`NVML_ERROR_RESET_REQUIRED`).
+    ResetRequired,
+    /// ECC is turned off.
+    EccDisabled,
+    /// Uncorrectable ECC errors since the last reset (volatile counter).
+    EccUncorrectedVolatile,
+    /// Uncorrectable ECC errors over the GPU's life (aggregate counter).
+    EccUncorrectedAggregate,
+    /// Retired pages waiting for a reset (pre-Ampere).
+    RetiredPagesPending,
+    /// A row remap is pending: the GPU needs a reset to apply it.
+    RemapPending,
+    /// A row remap failed: the GPU needs replacing.
+    RemapFailure,
+    /// An NVLink link that should be up is down.
+    NvlinkDown,
+    /// NVLink error counters are rising.
+    NvlinkErrors,
+    /// The PCIe link trained narrower than the GPU's maximum.
+    PcieDegraded,
+    /// Hardware slowdown reported in clock-event reasons.
+    ClockSlowdown,
 }
 
 impl fmt::Display for FaultCode {
@@ -79,6 +107,31 @@ impl fmt::Display for FaultCode {
             Self::Xid(code) => write!(f, "Xid {code}"),
             Self::Sxid(code) => write!(f, "SXid {code}"),
             Self::FallenOffBus => f.write_str("fallen off the bus"),
+            other => f.write_str(other.slug()),
+        }
+    }
+}
+
+impl FaultCode {
+    /// A stable kebab-case name (metric label, reason suffix).
+    pub fn slug(&self) -> &'static str {
+        match self {
+            Self::Xid(_) => "xid",
+            Self::Sxid(_) => "sxid",
+            Self::FallenOffBus => "fallen-off-bus",
+            Self::GpuMissing => "gpu-missing",
+            Self::GpuLost => "gpu-lost",
+            Self::ResetRequired => "reset-required",
+            Self::EccDisabled => "ecc-disabled",
+            Self::EccUncorrectedVolatile => "ecc-uncorrected-volatile",
+            Self::EccUncorrectedAggregate => "ecc-uncorrected-aggregate",
+            Self::RetiredPagesPending => "retired-pages-pending",
+            Self::RemapPending => "remap-pending",
+            Self::RemapFailure => "remap-failure",
+            Self::NvlinkDown => "nvlink-down",
+            Self::NvlinkErrors => "nvlink-errors",
+            Self::PcieDegraded => "pcie-degraded",
+            Self::ClockSlowdown => "clock-slowdown",
         }
     }
 }
@@ -109,6 +162,7 @@ impl fmt::Display for SourceKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Self::Kmsg => "kmsg",
+            Self::Nvml => "nvml",
         })
     }
 }

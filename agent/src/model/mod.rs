@@ -12,7 +12,10 @@ pub use fault::{
     Action, Classification, Component, Fault, FaultCode, FaultReport, Severity, SourceKind,
 };
 pub use pci::{PciAddress, PciAddressError};
-pub use snapshot::{GpuStatus, Health, HealthSnapshot, KmsgStats, SourceState, SourceStatus};
+pub use snapshot::{
+    GpuIdentity, GpuStatus, GpuTelemetry, Health, HealthSnapshot, KmsgStats, SourceState,
+    SourceStatus,
+};
 
 /// What a source tells the core.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,4 +24,16 @@ pub enum Observation {
     Fault(FaultReport),
     /// A source changed state (started, turned off, failed).
     Source(SourceKind, SourceState),
+    /// A polling source's complete view: these faults are all it sees now (faults it
+    /// reported before and not now have cleared), and these GPUs are what it enumerated.
+    Poll {
+        /// Which source.
+        source: SourceKind,
+        /// Every fault currently present.
+        faults: Vec<FaultReport>,
+        /// The GPUs enumerated, with identity and telemetry.
+        gpus: Vec<GpuIdentity>,
+        /// The driver version, if known.
+        driver_version: Option<String>,
+    },
 }

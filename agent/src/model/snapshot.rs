@@ -37,6 +37,54 @@ impl Health {
     }
 }
 
+/// Numbers NVML reports per GPU (for metrics); `None` where not supported.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuTelemetry {
+    /// Uncorrectable ECC errors since the last reset.
+    pub ecc_uncorrected_volatile: Option<u64>,
+    /// Uncorrectable ECC errors over the GPU's life.
+    pub ecc_uncorrected_aggregate: Option<u64>,
+    /// Rows remapped for correctable errors.
+    pub remapped_rows_correctable: Option<u32>,
+    /// Rows remapped for uncorrectable errors.
+    pub remapped_rows_uncorrectable: Option<u32>,
+    /// NVLink links up.
+    pub nvlink_up: Option<u32>,
+    /// NVLink links the GPU has.
+    pub nvlink_total: Option<u32>,
+    /// NVLink replay errors, all links.
+    pub nvlink_replay_errors: Option<u64>,
+    /// NVLink recovery errors, all links.
+    pub nvlink_recovery_errors: Option<u64>,
+    /// NVLink CRC errors, all links.
+    pub nvlink_crc_errors: Option<u64>,
+    /// Current PCIe generation (drops at idle for power saving).
+    pub pcie_gen: Option<u32>,
+    /// Maximum PCIe generation of the GPU.
+    pub pcie_gen_max: Option<u32>,
+    /// Current PCIe width.
+    pub pcie_width: Option<u32>,
+    /// Maximum PCIe width.
+    pub pcie_width_max: Option<u32>,
+}
+
+/// What NVML says a GPU is.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuIdentity {
+    /// PCI address (the join key with kernel-log faults).
+    pub pci: Option<PciAddress>,
+    /// NVML's index.
+    pub nvml_index: u32,
+    /// UUID (`GPU-...`).
+    pub uuid: Option<String>,
+    /// Product name.
+    pub name: Option<String>,
+    /// Board serial.
+    pub serial: Option<String>,
+    /// Telemetry from the latest poll.
+    pub telemetry: GpuTelemetry,
+}
+
 /// One GPU row.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuStatus {
@@ -44,6 +92,8 @@ pub struct GpuStatus {
     pub index: u32,
     /// PCI address.
     pub pci: PciAddress,
+    /// Product name, UUID, serial and telemetry, where NVML reported them.
+    pub nvml: Option<GpuIdentity>,
     /// Worst fault on this GPU.
     pub health: Health,
     /// Labels of the faults on this GPU (`Xid 79`).
@@ -108,6 +158,8 @@ pub struct HealthSnapshot {
     pub sources: Vec<SourceStatus>,
     /// Kernel-log statistics.
     pub kmsg: KmsgStats,
+    /// NVIDIA driver version (from NVML), if known.
+    pub driver_version: Option<String>,
     /// When the snapshot was taken.
     #[serde(with = "super::time")]
     pub updated_at: SystemTime,

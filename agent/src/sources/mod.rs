@@ -4,3 +4,4 @@
 //! [`Observation`]: crate::model::Observation
 
 pub mod kmsg;
+pub mod nvml;

@@ -44,11 +44,137 @@ fn counter(
     metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
 }
 
+/// A labelled family from (labels, value) rows.
+fn family<L: prometheus_client::encoding::EncodeLabelSet>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    metric_type: prometheus_client::metrics::MetricType,
+    rows: &[(L, u64)],
+) -> std::fmt::Result {
+    let mut family = encoder.encode_descriptor(name, help, None, metric_type)?;
+    for (labels, value) in rows {
+        match metric_type {
+            prometheus_client::metrics::MetricType::Counter => {
+                ConstCounter::new(*value).encode(family.encode_family(labels)?)?
+            }
+            _ => ConstGauge::new(i64::try_from(*value).unwrap_or(i64::MAX))
+                .encode(family.encode_family(labels)?)?,
+        }
+    }
+    Ok(())
+}
+
+/// Per-GPU NVML telemetry: ECC, remapped rows, NVLink, PCIe.
+fn telemetry(encoder: &mut DescriptorEncoder, s: &HealthSnapshot) -> std::fmt::Result {
+    use prometheus_client::metrics::MetricType::{Counter, Gauge};
+    type Rows = Vec<([(&'static str, String); 2], u64)>;
+    let (mut ecc, mut remap, mut links, mut link_errors, mut gen, mut width): (
+        Rows,
+        Rows,
+        Rows,
+        Rows,
+        Rows,
+        Rows,
+    ) = Default::default();
+    for g in &s.gpus {
+        let Some(t) = g.nvml.as_ref().map(|n| &n.telemetry) else {
+            continue;
+        };
+        let gpu = g.index.to_string();
+        let row = |rows: &mut Rows, key: &'static str, kind: &str, value: Option<u64>| {
+            if let Some(v) = value {
+                rows.push(([("gpu", gpu.clone()), (key, kind.to_string())], v));
+            }
+        };
+        row(&mut ecc, "counter", "volatile", t.ecc_uncorrected_volatile);
+        row(
+            &mut ecc,
+            "counter",
+            "aggregate",
+            t.ecc_uncorrected_aggregate,
+        );
+        row(
+            &mut remap,
+            "kind",
+            "correctable",
+            t.remapped_rows_correctable.map(u64::from),
+        );
+        row(
+            &mut remap,
+            "kind",
+            "uncorrectable",
+            t.remapped_rows_uncorrectable.map(u64::from),
+        );
+        row(&mut links, "state", "up", t.nvlink_up.map(u64::from));
+        row(&mut links, "state", "total", t.nvlink_total.map(u64::from));
+        row(
+            &mut link_errors,
+            "counter",
+            "replay",
+            t.nvlink_replay_errors,
+        );
+        row(
+            &mut link_errors,
+            "counter",
+            "recovery",
+            t.nvlink_recovery_errors,
+        );
+        row(&mut link_errors, "counter", "crc", t.nvlink_crc_errors);
+        row(&mut gen, "which", "current", t.pcie_gen.map(u64::from));
+        row(&mut gen, "which", "max", t.pcie_gen_max.map(u64::from));
+        row(&mut width, "which", "current", t.pcie_width.map(u64::from));
+        row(&mut width, "which", "max", t.pcie_width_max.map(u64::from));
+    }
+    family(
+        encoder,
+        "gpu_agent_gpu_ecc_uncorrected_errors",
+        "Uncorrectable ECC errors (volatile: since reset; aggregate: lifetime).",
+        Gauge,
+        &ecc,
+    )?;
+    family(
+        encoder,
+        "gpu_agent_gpu_remapped_rows",
+        "Rows remapped, by cause.",
+        Gauge,
+        &remap,
+    )?;
+    family(
+        encoder,
+        "gpu_agent_gpu_nvlink_links",
+        "NVLink links up, and links the GPU has.",
+        Gauge,
+        &links,
+    )?;
+    family(
+        encoder,
+        "gpu_agent_gpu_nvlink_errors",
+        "NVLink error counters, all links.",
+        Counter,
+        &link_errors,
+    )?;
+    family(
+        encoder,
+        "gpu_agent_gpu_pcie_link_gen",
+        "PCIe link generation, current and maximum.",
+        Gauge,
+        &gen,
+    )?;
+    family(
+        encoder,
+        "gpu_agent_gpu_pcie_link_width",
+        "PCIe link width, current and maximum.",
+        Gauge,
+        &width,
+    )
+}
+
 fn code_label(code: FaultCode) -> String {
     match code {
         FaultCode::Xid(c) => format!("xid-{c}"),
         FaultCode::Sxid(c) => format!("sxid-{c}"),
-        FaultCode::FallenOffBus => "fallen-off-bus".to_string(),
+        other => other.slug().to_string(),
     }
 }
 
@@ -163,7 +289,7 @@ impl Collector for SnapshotCollector {
             "Kernel log records that were GPU or NVSwitch faults.",
             s.kmsg.records_matched,
         )?;
-        Ok(())
+        telemetry(&mut encoder, &s)
     }
 }
 

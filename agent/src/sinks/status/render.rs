@@ -19,10 +19,13 @@ pub fn render(s: &HealthSnapshot) -> String {
     );
     let _ = writeln!(out, "Health: {health}: {}", s.summary);
 
+    if let Some(driver) = &s.driver_version {
+        let _ = writeln!(out, "NVIDIA driver {driver}");
+    }
     let _ = writeln!(
         out,
-        "\n{:<4} {:<14} {:<8} FAULTS",
-        "GPU", "BUS ID", "HEALTH"
+        "\n{:<4} {:<14} {:<24} {:<8} FAULTS",
+        "GPU", "BUS ID", "NAME", "HEALTH"
     );
     if s.gpus.is_empty() {
         let _ = writeln!(out, "(no NVIDIA GPUs on the PCI bus)");
@@ -33,11 +36,17 @@ pub fn render(s: &HealthSnapshot) -> String {
         } else {
             g.faults.join(", ")
         };
+        let name = g
+            .nvml
+            .as_ref()
+            .and_then(|n| n.name.as_deref())
+            .unwrap_or("-");
         let _ = writeln!(
             out,
-            "{:<4} {:<14} {:<8} {faults}",
+            "{:<4} {:<14} {:<24} {:<8} {faults}",
             g.index,
             g.pci.to_string(),
+            name,
             health_word(g.health)
         );
     }

@@ -1,0 +1,556 @@
+//! From NVML readings to faults. Pure functions: no NVML, no clock, so every rule is
+//! unit-tested.
+//!
+//! | check | fault | severity | action |
+//! |---|---|---|---|
+//! | fewer GPUs than expected (NVML and sysfs compared, the missing address named) | `gpu-missing` | fatal | reboot |
+//! | a call says `GPU_IS_LOST` | `gpu-lost` | fatal | reboot |
+//! | a call says `RESET_REQUIRED` | `reset-required` | fatal | reset-gpu |
+//! | volatile uncorrected ECC > 0 (DRAM/SRAM split where reported) | `ecc-uncorrected-volatile` | fatal | reset-gpu |
+//! | aggregate uncorrected ECC > 0, volatile 0 | `ecc-uncorrected-aggregate` | warning | none |
+//! | ECC disabled | `ecc-disabled` | warning | none |
+//! | retired pages pending (pre-Ampere) | `retired-pages-pending` | fatal | reset-gpu |
+//! | row remap pending | `remap-pending` | fatal | reset-gpu |
+//! | row remap failure | `remap-failure` | fatal | replace |
+//! | an NVLink link down | `nvlink-down` | fatal | reset-gpu |
+//! | NVLink replay/recovery/CRC counters rising faster than [`NVLINK_ERRORS_PER_MINUTE`] | `nvlink-errors` | warning | none |
+//! | PCIe width below the GPU's maximum | `pcie-degraded` | warning | none |
+//! | hardware slowdown clock-event reasons | `clock-slowdown` | warning | none |
+//!
+//! PCIe *generation* below maximum is not a fault: GPUs lower it at idle to save power. It is
+//! exported as a metric.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::probe::{GpuReading, Unread};
+use crate::model::{Action, Classification, Component, FaultCode, PciAddress, Severity};
+
+/// NVLink error counters rising faster than this (per minute, all links) is a warning.
+pub const NVLINK_ERRORS_PER_MINUTE: f64 = 10.0;
+
+/// `nvmlClocksEventReasons` bits that mean hardware is slowing the GPU: HW slowdown (0x8),
+/// SW thermal (0x20), HW thermal (0x40), HW power brake (0x80).
+const HW_SLOWDOWN_BITS: u64 = 0x08 | 0x20 | 0x40 | 0x80;
+
+/// One fault found by a poll.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finding {
+    /// Where.
+    pub component: Component,
+    /// What.
+    pub code: FaultCode,
+    /// Our verdict.
+    pub class: Classification,
+    /// The evidence.
+    pub detail: String,
+}
+
+fn finding(
+    component: Component,
+    code: FaultCode,
+    severity: Severity,
+    action: Action,
+    name: &str,
+    detail: String,
+) -> Finding {
+    Finding {
+        component,
+        code,
+        class: Classification {
+            name: name.to_string(),
+            description: detail.clone(),
+            nvidia_action: String::new(),
+            severity,
+            action,
+        },
+        detail,
+    }
+}
+
+/// NVLink counter totals from the previous poll, to turn counters into rates.
+#[derive(Debug, Default)]
+pub struct Rates {
+    previous: HashMap<u32, u64>,
+}
+
+/// Evaluate one poll. `expected` is how many GPUs the node should have; `on_bus` are the
+/// NVIDIA GPUs sysfs lists; `elapsed` is the time since the previous poll.
+pub fn evaluate(
+    readings: &[GpuReading],
+    expected: u32,
+    on_bus: &[PciAddress],
+    rates: &mut Rates,
+    elapsed: Duration,
+) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let addresses = addresses(readings, on_bus);
+    gpu_count(readings, &addresses, expected, on_bus, &mut out);
+    for (r, pci) in readings.iter().zip(&addresses) {
+        let component = match pci {
+            Some(pci) => Component::Gpu { pci: *pci },
+            // Without an address the fault is the node's, named by NVML index.
+            None => Component::Node,
+        };
+        per_gpu(r, component, rates, elapsed, &mut out);
+    }
+    out
+}
+
+fn same(a: &PciAddress, b: &PciAddress) -> bool {
+    (a.domain, a.bus, a.device) == (b.domain, b.bus, b.device)
+}
+
+/// Each reading's PCI address. A lost GPU cannot tell NVML its address; it is one of the
+/// bus's GPUs no other reading claimed. NVML enumerates in bus order, so the unclaimed
+/// addresses are handed to the address-less readings in order.
+fn addresses(readings: &[GpuReading], on_bus: &[PciAddress]) -> Vec<Option<PciAddress>> {
+    let seen: Vec<PciAddress> = readings
+        .iter()
+        .filter_map(|r| r.pci.as_ref().ok().copied())
+        .collect();
+    let mut unclaimed = on_bus.iter().filter(|b| !seen.iter().any(|s| same(s, b)));
+    readings
+        .iter()
+        .map(|r| match &r.pci {
+            Ok(pci) => Some(*pci),
+            Err(_) => unclaimed.next().copied(),
+        })
+        .collect()
+}
+
+fn gpu_count(
+    readings: &[GpuReading],
+    addresses: &[Option<PciAddress>],
+    expected: u32,
+    on_bus: &[PciAddress],
+    out: &mut Vec<Finding>,
+) {
+    let seen: Vec<PciAddress> = addresses.iter().flatten().copied().collect();
+    let mut named = 0usize;
+    for pci in on_bus.iter().filter(|b| !seen.iter().any(|s| same(s, b))) {
+        named += 1;
+        out.push(finding(
+            Component::Gpu { pci: *pci },
+            FaultCode::GpuMissing,
+            Severity::Fatal,
+            Action::Reboot,
+            "GPU_MISSING",
+            format!(
+                "GPU {pci} is on the PCI bus but NVML does not see it ({} of {} GPUs visible)",
+                readings.len(),
+                on_bus.len().max(expected as usize)
+            ),
+        ));
+    }
+    let visible = u32::try_from(readings.len()).unwrap_or(u32::MAX);
+    let on_bus_count = u32::try_from(on_bus.len()).unwrap_or(u32::MAX);
+    if named == 0 && (visible < expected || on_bus_count < expected) {
+        out.push(finding(
+            Component::Node,
+            FaultCode::GpuMissing,
+            Severity::Fatal,
+            Action::Reboot,
+            "GPU_MISSING",
+            format!(
+                "expected {expected} GPUs: NVML sees {visible}, the PCI bus has {on_bus_count}"
+            ),
+        ));
+    }
+}
+
+fn per_gpu(
+    r: &GpuReading,
+    component: Component,
+    rates: &mut Rates,
+    elapsed: Duration,
+    out: &mut Vec<Finding>,
+) {
+    let gpu = format!(
+        "GPU {}",
+        r.pci
+            .as_ref()
+            .map_or_else(|_| format!("nvml#{}", r.nvml_index), ToString::to_string)
+    );
+    let mut push = |code, severity, action, name: &str, detail: String| {
+        out.push(finding(
+            component,
+            code,
+            severity,
+            action,
+            name,
+            format!("{gpu}: {detail}"),
+        ));
+    };
+    if r.says(&Unread::Lost) {
+        push(
+            FaultCode::GpuLost,
+            Severity::Fatal,
+            Action::Reboot,
+            "GPU_IS_LOST",
+            "NVML reports the GPU lost (NVML_ERROR_GPU_IS_LOST)".into(),
+        );
+        return;
+    }
+    if r.says(&Unread::ResetRequired) {
+        push(
+            FaultCode::ResetRequired,
+            Severity::Fatal,
+            Action::ResetGpu,
+            "RESET_REQUIRED",
+            "NVML reports the GPU needs a reset (NVML_ERROR_RESET_REQUIRED)".into(),
+        );
+    }
+    if r.ecc_enabled == Ok(false) {
+        push(
+            FaultCode::EccDisabled,
+            Severity::Warning,
+            Action::None,
+            "ECC_DISABLED",
+            "ECC is disabled".into(),
+        );
+    }
+    match (&r.ecc_volatile, &r.ecc_aggregate) {
+        (Ok(v), _) if *v > 0 => {
+            let split = match (&r.ecc_volatile_dram, &r.ecc_volatile_sram) {
+                (Ok(d), Ok(s)) => format!(" (DRAM {d}, SRAM {s})"),
+                _ => String::new(),
+            };
+            push(
+                FaultCode::EccUncorrectedVolatile,
+                Severity::Fatal,
+                Action::ResetGpu,
+                "ECC_UNCORRECTED",
+                format!("{v} uncorrectable ECC errors since the last reset{split}"),
+            );
+        }
+        (_, Ok(a)) if *a > 0 => {
+            push(
+                FaultCode::EccUncorrectedAggregate,
+                Severity::Warning,
+                Action::None,
+                "ECC_UNCORRECTED_HISTORY",
+                format!("{a} uncorrectable ECC errors over the GPU's life"),
+            );
+        }
+        _ => {}
+    }
+    if r.retired_pending == Ok(true) {
+        push(
+            FaultCode::RetiredPagesPending,
+            Severity::Fatal,
+            Action::ResetGpu,
+            "RETIRED_PAGES_PENDING",
+            "retired pages wait for a GPU reset".into(),
+        );
+    }
+    if let Ok(remap) = &r.remap {
+        if remap.failure {
+            push(
+                FaultCode::RemapFailure,
+                Severity::Fatal,
+                Action::Replace,
+                "ROW_REMAP_FAILURE",
+                format!(
+                    "row remapping failed ({} rows remapped for uncorrectable errors)",
+                    remap.uncorrectable
+                ),
+            );
+        } else if remap.pending {
+            push(
+                FaultCode::RemapPending,
+                Severity::Fatal,
+                Action::ResetGpu,
+                "ROW_REMAP_PENDING",
+                "a row remap waits for a GPU reset".into(),
+            );
+        }
+    }
+    if let Ok(nv) = &r.nvlink {
+        let down: Vec<String> = nv
+            .links
+            .iter()
+            .enumerate()
+            .filter(|(_, up)| !**up)
+            .map(|(i, _)| i.to_string())
+            .collect();
+        if !down.is_empty() {
+            push(
+                FaultCode::NvlinkDown,
+                Severity::Fatal,
+                Action::ResetGpu,
+                "NVLINK_DOWN",
+                format!(
+                    "NVLink {} down ({} of {} up)",
+                    down.join(","),
+                    nv.links.len() - down.len(),
+                    nv.links.len()
+                ),
+            );
+        }
+        let total = nv.replay + nv.recovery + nv.crc;
+        if let Some(before) = rates.previous.insert(r.nvml_index, total) {
+            let minutes = elapsed.as_secs_f64() / 60.0;
+            let per_minute = if minutes > 0.0 {
+                total.saturating_sub(before) as f64 / minutes
+            } else {
+                0.0
+            };
+            if per_minute > NVLINK_ERRORS_PER_MINUTE {
+                push(FaultCode::NvlinkErrors, Severity::Warning, Action::None, "NVLINK_ERRORS", format!("NVLink errors rising at {per_minute:.0}/min (replay {}, recovery {}, CRC {})", nv.replay, nv.recovery, nv.crc));
+            }
+        }
+    }
+    if let Ok(p) = &r.pcie {
+        if p.width < p.max_width {
+            push(
+                FaultCode::PcieDegraded,
+                Severity::Warning,
+                Action::None,
+                "PCIE_LINK_DEGRADED",
+                format!(
+                    "PCIe link trained at x{} of x{} (Gen{})",
+                    p.width, p.max_width, p.gen
+                ),
+            );
+        }
+    }
+    if let Ok(bits) = r.clock_events {
+        if bits & HW_SLOWDOWN_BITS != 0 {
+            push(
+                FaultCode::ClockSlowdown,
+                Severity::Warning,
+                Action::None,
+                "CLOCK_SLOWDOWN",
+                format!("hardware is slowing the clocks (clock-event reasons {bits:#x})"),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::probe::{NvlinkState, PcieLink, RemapRows};
+    use super::*;
+
+    fn pci(i: u8) -> PciAddress {
+        PciAddress {
+            domain: 0,
+            bus: 0x10 + i,
+            device: 0,
+            function: 0,
+        }
+    }
+
+    fn healthy(i: u8) -> GpuReading {
+        GpuReading {
+            nvml_index: u32::from(i),
+            handle: Ok(()),
+            pci: Ok(pci(i)),
+            uuid: Ok(format!("GPU-{i}")),
+            name: Ok("NVIDIA H100 80GB HBM3".into()),
+            serial: Ok("1".into()),
+            ecc_enabled: Ok(true),
+            ecc_volatile: Ok(0),
+            ecc_aggregate: Ok(0),
+            ecc_volatile_dram: Ok(0),
+            ecc_volatile_sram: Ok(0),
+            retired_pending: Err(Unread::NotSupported),
+            remap: Ok(RemapRows {
+                correctable: 0,
+                uncorrectable: 0,
+                pending: false,
+                failure: false,
+            }),
+            nvlink: Ok(NvlinkState {
+                links: vec![true; 18],
+                ..NvlinkState::default()
+            }),
+            pcie: Ok(PcieLink {
+                gen: 5,
+                max_gen: Some(5),
+                width: 16,
+                max_width: 16,
+            }),
+            clock_events: Ok(0),
+        }
+    }
+
+    fn codes(
+        readings: &[GpuReading],
+        expected: u32,
+        bus: &[PciAddress],
+    ) -> Vec<(FaultCode, Severity, Action)> {
+        evaluate(
+            readings,
+            expected,
+            bus,
+            &mut Rates::default(),
+            Duration::from_secs(10),
+        )
+        .into_iter()
+        .map(|f| (f.code, f.class.severity, f.class.action))
+        .collect()
+    }
+
+    #[test]
+    fn healthy_host_has_no_findings_and_unsupported_is_not_a_fault() {
+        let mut gpus: Vec<_> = (0..8).map(healthy).collect();
+        gpus[2].remap = Err(Unread::NotSupported);
+        gpus[2].nvlink = Err(Unread::NotSupported);
+        gpus[2].pcie = Err(Unread::Failed("boom".into()));
+        let bus: Vec<_> = (0..8).map(pci).collect();
+        assert!(codes(&gpus, 8, &bus).is_empty());
+    }
+
+    #[test]
+    fn missing_gpu_is_named_by_address() {
+        let gpus: Vec<_> = (0..7).map(healthy).collect();
+        let bus: Vec<_> = (0..8).map(pci).collect();
+        let found = evaluate(&gpus, 8, &bus, &mut Rates::default(), Duration::ZERO);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].component, Component::Gpu { pci: pci(7) });
+        assert_eq!(found[0].code, FaultCode::GpuMissing);
+        // Missing from the bus too: the node is short, no address to name.
+        let found = codes(&gpus, 8, &bus[..7]);
+        assert_eq!(
+            found,
+            [(FaultCode::GpuMissing, Severity::Fatal, Action::Reboot)]
+        );
+    }
+
+    #[test]
+    fn each_rule() {
+        let bus: Vec<_> = (0..1).map(pci).collect();
+        let mut g = healthy(0);
+        g.ecc_volatile = Ok(2);
+        assert_eq!(
+            codes(&[g], 1, &bus),
+            [(
+                FaultCode::EccUncorrectedVolatile,
+                Severity::Fatal,
+                Action::ResetGpu
+            )]
+        );
+        let mut g = healthy(0);
+        g.ecc_aggregate = Ok(2);
+        assert_eq!(
+            codes(&[g], 1, &bus),
+            [(
+                FaultCode::EccUncorrectedAggregate,
+                Severity::Warning,
+                Action::None
+            )]
+        );
+        let mut g = healthy(0);
+        g.remap = Ok(RemapRows {
+            correctable: 0,
+            uncorrectable: 1,
+            pending: true,
+            failure: false,
+        });
+        assert_eq!(
+            codes(&[g], 1, &bus),
+            [(FaultCode::RemapPending, Severity::Fatal, Action::ResetGpu)]
+        );
+        let mut g = healthy(0);
+        g.remap = Ok(RemapRows {
+            correctable: 0,
+            uncorrectable: 9,
+            pending: true,
+            failure: true,
+        });
+        assert_eq!(
+            codes(&[g], 1, &bus),
+            [(FaultCode::RemapFailure, Severity::Fatal, Action::Replace)]
+        );
+        let mut g = healthy(0);
+        if let Ok(nv) = &mut g.nvlink {
+            nv.links[4] = false;
+        }
+        assert_eq!(
+            codes(&[g], 1, &bus),
+            [(FaultCode::NvlinkDown, Severity::Fatal, Action::ResetGpu)]
+        );
+        let mut g = healthy(0);
+        g.pcie = Ok(PcieLink {
+            gen: 5,
+            max_gen: Some(5),
+            width: 8,
+            max_width: 16,
+        });
+        assert_eq!(
+            codes(&[g], 1, &bus),
+            [(FaultCode::PcieDegraded, Severity::Warning, Action::None)]
+        );
+        let mut g = healthy(0);
+        g.pcie = Ok(PcieLink {
+            gen: 1,
+            max_gen: Some(5),
+            width: 16,
+            max_width: 16,
+        });
+        assert!(
+            codes(&[g], 1, &bus).is_empty(),
+            "idle Gen1 is power saving, not a fault"
+        );
+        let mut g = healthy(0);
+        g.clock_events = Ok(0x40);
+        assert_eq!(
+            codes(&[g], 1, &bus),
+            [(FaultCode::ClockSlowdown, Severity::Warning, Action::None)]
+        );
+        let mut g = healthy(0);
+        g.ecc_enabled = Ok(false);
+        assert_eq!(
+            codes(&[g], 1, &bus),
+            [(FaultCode::EccDisabled, Severity::Warning, Action::None)]
+        );
+    }
+
+    #[test]
+    fn lost_gpu_is_one_finding_others_unaffected() {
+        let mut gpus: Vec<_> = (0..3).map(healthy).collect();
+        gpus[1] = GpuReading {
+            pci: Ok(pci(1)),
+            ..GpuReading::unreachable_for_test(1, Unread::Lost)
+        };
+        let bus: Vec<_> = (0..3).map(pci).collect();
+        let found = evaluate(&gpus, 3, &bus, &mut Rates::default(), Duration::ZERO);
+        assert_eq!(found.len(), 1);
+        assert_eq!(
+            (found[0].component, found[0].code),
+            (Component::Gpu { pci: pci(1) }, FaultCode::GpuLost)
+        );
+        // A lost GPU cannot report its address: it takes the bus address no one claimed,
+        // and is not also reported missing.
+        gpus[1] = GpuReading::unreachable_for_test(1, Unread::Lost);
+        let found = evaluate(&gpus, 3, &bus, &mut Rates::default(), Duration::ZERO);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(
+            (found[0].component, found[0].code),
+            (Component::Gpu { pci: pci(1) }, FaultCode::GpuLost)
+        );
+    }
+
+    #[test]
+    fn nvlink_errors_are_rates() {
+        let bus = [pci(0)];
+        let mut rates = Rates::default();
+        let with = |n| {
+            let mut g = healthy(0);
+            if let Ok(nv) = &mut g.nvlink {
+                nv.replay = n;
+            }
+            g
+        };
+        let minute = Duration::from_secs(60);
+        assert!(
+            evaluate(&[with(1_000)], 1, &bus, &mut rates, minute).is_empty(),
+            "first poll has no rate"
+        );
+        assert!(evaluate(&[with(1_005)], 1, &bus, &mut rates, minute).is_empty());
+        let found = evaluate(&[with(1_100)], 1, &bus, &mut rates, minute);
+        assert_eq!(found[0].code, FaultCode::NvlinkErrors);
+    }
+}

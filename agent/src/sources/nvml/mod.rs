@@ -1,0 +1,194 @@
+//! The NVML source: polls GPU health through NVML (nvml-wrapper; no DCGM), for the faults
+//! that never reach the kernel log or reach it late: a GPU missing, lost or needing a reset,
+//! uncorrectable ECC, row remapping pending or failed, NVLink down or erroring, a PCIe link
+//! trained narrow, hardware clock slowdown.
+//!
+//! Each poll sends the complete set of current findings ([`Observation::Poll`]); the core
+//! clears what is no longer reported. No driver (the library will not load): the source is
+//! off with the reason and retries quietly every minute (the driver may load after us).
+//!
+//! [`Observation::Poll`]: crate::model::Observation::Poll
+
+mod checks;
+mod expected;
+mod probe;
+mod raw;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
+
+use nvml_wrapper::Nvml;
+use tokio::sync::mpsc;
+
+pub use checks::{evaluate, Finding, Rates, NVLINK_ERRORS_PER_MINUTE};
+pub use expected::expected_gpus;
+pub use probe::{read_all, GpuReading};
+
+use crate::host;
+use crate::model::{FaultReport, GpuIdentity, GpuTelemetry, Observation, SourceKind, SourceState};
+
+/// How often a missing driver is looked for again.
+const RETRY_INIT: Duration = Duration::from_secs(60);
+
+/// What the source needs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The NVML library.
+    pub library: PathBuf,
+    /// Poll period.
+    pub poll_interval: Duration,
+    /// `[nvml] expected_gpus` (0 = derive).
+    pub expected_gpus: u32,
+    /// sysfs root (GPUs on the bus, DMI instance type).
+    pub sysfs_root: PathBuf,
+}
+
+/// Load NVML from `library`.
+pub fn load(library: &std::path::Path) -> Result<Nvml, String> {
+    Nvml::builder()
+        .lib_path(library.as_os_str())
+        .init()
+        .map_err(|e| format!("NVIDIA driver not available ({}): {e}", library.display()))
+}
+
+/// A poller that remembers counters between polls.
+#[derive(Debug)]
+pub struct Poller {
+    settings: Settings,
+    rates: Rates,
+    last: Option<Instant>,
+}
+
+impl Poller {
+    /// A poller for `settings`.
+    pub fn new(settings: Settings) -> Self {
+        Self {
+            settings,
+            rates: Rates::default(),
+            last: None,
+        }
+    }
+
+    /// Read every GPU and turn the readings into one [`Observation::Poll`].
+    pub fn poll(&mut self, nvml: &Nvml) -> Observation {
+        let now = Instant::now();
+        let elapsed = self.last.map_or(Duration::ZERO, |t| now.duration_since(t));
+        self.last = Some(now);
+        let on_bus: Vec<_> = host::nvidia_devices(&self.settings.sysfs_root)
+            .gpus
+            .into_iter()
+            .map(|d| d.pci)
+            .collect();
+        let (expected, _) = expected_gpus(
+            self.settings.expected_gpus,
+            &self.settings.sysfs_root,
+            on_bus.len(),
+        );
+        let readings = match read_all(nvml) {
+            Ok(readings) => readings,
+            Err(reason) => {
+                tracing::warn!(%reason, "NVML poll failed.");
+                Vec::new()
+            }
+        };
+        let at = SystemTime::now();
+        let faults = evaluate(&readings, expected, &on_bus, &mut self.rates, elapsed)
+            .into_iter()
+            .map(|f| FaultReport {
+                component: f.component,
+                code: f.code,
+                class: f.class,
+                source: SourceKind::Nvml,
+                at,
+                detail: f.detail,
+                cursor: None,
+            })
+            .collect();
+        Observation::Poll {
+            source: SourceKind::Nvml,
+            faults,
+            gpus: readings.iter().map(identity).collect(),
+            driver_version: nvml.sys_driver_version().ok(),
+        }
+    }
+}
+
+fn identity(r: &GpuReading) -> GpuIdentity {
+    let remap = r.remap.as_ref().ok();
+    let nvlink = r.nvlink.as_ref().ok();
+    let pcie = r.pcie.as_ref().ok();
+    GpuIdentity {
+        pci: r.pci.as_ref().ok().copied(),
+        nvml_index: r.nvml_index,
+        uuid: r.uuid.clone().ok(),
+        name: r.name.clone().ok(),
+        serial: r.serial.clone().ok(),
+        telemetry: GpuTelemetry {
+            ecc_uncorrected_volatile: r.ecc_volatile.clone().ok(),
+            ecc_uncorrected_aggregate: r.ecc_aggregate.clone().ok(),
+            remapped_rows_correctable: remap.map(|m| m.correctable),
+            remapped_rows_uncorrectable: remap.map(|m| m.uncorrectable),
+            nvlink_up: nvlink
+                .map(|n| u32::try_from(n.links.iter().filter(|u| **u).count()).unwrap_or(u32::MAX)),
+            nvlink_total: nvlink.map(|n| u32::try_from(n.links.len()).unwrap_or(u32::MAX)),
+            nvlink_replay_errors: nvlink.map(|n| n.replay),
+            nvlink_recovery_errors: nvlink.map(|n| n.recovery),
+            nvlink_crc_errors: nvlink.map(|n| n.crc),
+            pcie_gen: pcie.map(|p| p.gen),
+            pcie_gen_max: pcie.and_then(|p| p.max_gen),
+            pcie_width: pcie.map(|p| p.width),
+            pcie_width_max: pcie.map(|p| p.max_width),
+        },
+    }
+}
+
+/// Start polling on its own thread (NVML calls block, sometimes for seconds on a sick GPU).
+/// The thread ends when the core is gone.
+pub fn spawn(
+    settings: Settings,
+    tx: mpsc::Sender<Observation>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("nvml".into())
+        .spawn(move || run(settings, &tx))
+}
+
+fn run(settings: Settings, tx: &mpsc::Sender<Observation>) {
+    let send = |o| tx.blocking_send(o).is_ok();
+    let mut reported_off = false;
+    let nvml = loop {
+        match load(&settings.library) {
+            Ok(nvml) => break nvml,
+            Err(reason) => {
+                if !reported_off {
+                    tracing::info!(%reason, "NVML source is off; retrying every minute.");
+                    reported_off = true;
+                    if !send(Observation::Source(
+                        SourceKind::Nvml,
+                        SourceState::Off(reason),
+                    )) {
+                        return;
+                    }
+                }
+                std::thread::sleep(RETRY_INIT);
+                if tx.is_closed() {
+                    return;
+                }
+            }
+        }
+    };
+    tracing::info!(library = %settings.library.display(), interval = ?settings.poll_interval, "Polling NVML.");
+    if !send(Observation::Source(SourceKind::Nvml, SourceState::On)) {
+        return;
+    }
+    let mut poller = Poller::new(settings.clone());
+    loop {
+        if !send(poller.poll(&nvml)) {
+            return;
+        }
+        std::thread::sleep(settings.poll_interval);
+        if tx.is_closed() {
+            return;
+        }
+    }
+}

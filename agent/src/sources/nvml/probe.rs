@@ -1,0 +1,232 @@
+//! Reading one GPU through nvml-wrapper. Every call is independent: one failing or
+//! unsupported call never stops the others.
+
+use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, MemoryLocation};
+use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{Device, Nvml};
+
+use super::raw;
+use crate::model::PciAddress;
+
+/// `NVML_NVLINK_MAX_LINKS`: links are numbered below this.
+const NVLINK_MAX_LINKS: u32 = 18;
+
+/// Why a value could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unread {
+    /// The GPU, driver or library does not support this call (a missing symbol included).
+    NotSupported,
+    /// `NVML_ERROR_GPU_IS_LOST`.
+    Lost,
+    /// `NVML_ERROR_RESET_REQUIRED`.
+    ResetRequired,
+    /// Any other error.
+    Failed(String),
+}
+
+/// A value NVML may or may not give.
+pub type Read<T> = Result<T, Unread>;
+
+fn read<T>(result: Result<T, NvmlError>) -> Read<T> {
+    result.map_err(raw::classify)
+}
+
+/// Row-remapping state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemapRows {
+    /// Rows remapped for correctable errors.
+    pub correctable: u32,
+    /// Rows remapped for uncorrectable errors.
+    pub uncorrectable: u32,
+    /// A remap waits for a GPU reset.
+    pub pending: bool,
+    /// A remap failed.
+    pub failure: bool,
+}
+
+/// PCIe link state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PcieLink {
+    /// Current generation.
+    pub gen: u32,
+    /// Maximum generation of the GPU.
+    pub max_gen: Option<u32>,
+    /// Current width.
+    pub width: u32,
+    /// Maximum width.
+    pub max_width: u32,
+}
+
+/// NVLink state summed over the GPU's links.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NvlinkState {
+    /// Up (true) or down (false) for each link the GPU has.
+    pub links: Vec<bool>,
+    /// Replay errors, all links.
+    pub replay: u64,
+    /// Recovery errors, all links.
+    pub recovery: u64,
+    /// CRC (flit) errors, all links.
+    pub crc: u64,
+}
+
+/// Everything read from one GPU in one poll.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuReading {
+    /// NVML index.
+    pub nvml_index: u32,
+    /// The device handle itself could not be had.
+    pub handle: Read<()>,
+    /// PCI address.
+    pub pci: Read<PciAddress>,
+    /// UUID.
+    pub uuid: Read<String>,
+    /// Product name.
+    pub name: Read<String>,
+    /// Board serial.
+    pub serial: Read<String>,
+    /// ECC currently enabled.
+    pub ecc_enabled: Read<bool>,
+    /// Volatile uncorrected ECC errors.
+    pub ecc_volatile: Read<u64>,
+    /// Aggregate uncorrected ECC errors.
+    pub ecc_aggregate: Read<u64>,
+    /// Volatile uncorrected errors in DRAM.
+    pub ecc_volatile_dram: Read<u64>,
+    /// Volatile uncorrected errors in SRAM.
+    pub ecc_volatile_sram: Read<u64>,
+    /// Retired pages pending (pre-Ampere).
+    pub retired_pending: Read<bool>,
+    /// Row remapping (Ampere and later).
+    pub remap: Read<RemapRows>,
+    /// NVLink.
+    pub nvlink: Read<NvlinkState>,
+    /// PCIe link.
+    pub pcie: Read<PcieLink>,
+    /// Clock-event (throttle) reason bits.
+    pub clock_events: Read<u64>,
+}
+
+impl GpuReading {
+    fn unreachable(nvml_index: u32, why: Unread) -> Self {
+        Self {
+            nvml_index,
+            handle: Err(why.clone()),
+            pci: Err(why.clone()),
+            uuid: Err(why.clone()),
+            name: Err(why.clone()),
+            serial: Err(why.clone()),
+            ecc_enabled: Err(why.clone()),
+            ecc_volatile: Err(why.clone()),
+            ecc_aggregate: Err(why.clone()),
+            ecc_volatile_dram: Err(why.clone()),
+            ecc_volatile_sram: Err(why.clone()),
+            retired_pending: Err(why.clone()),
+            remap: Err(why.clone()),
+            nvlink: Err(why.clone()),
+            pcie: Err(why.clone()),
+            clock_events: Err(why.clone()),
+        }
+    }
+
+    /// A reading whose every call failed the same way (tests).
+    #[cfg(test)]
+    pub fn unreachable_for_test(nvml_index: u32, why: Unread) -> Self {
+        Self::unreachable(nvml_index, why)
+    }
+
+    /// Did any call say the GPU is lost / needs a reset?
+    pub fn says(&self, what: &Unread) -> bool {
+        let errs = [
+            self.handle.as_ref().err(),
+            self.pci.as_ref().err(),
+            self.uuid.as_ref().err(),
+            self.ecc_volatile.as_ref().err(),
+            self.remap.as_ref().err(),
+            self.nvlink.as_ref().err(),
+            self.pcie.as_ref().err(),
+        ];
+        errs.into_iter().flatten().any(|e| e == what)
+    }
+}
+
+/// Read every GPU NVML enumerates. `Err` only when the count itself cannot be read.
+pub fn read_all(nvml: &Nvml) -> Result<Vec<GpuReading>, String> {
+    let count = nvml
+        .device_count()
+        .map_err(|e| format!("nvmlDeviceGetCount: {e}"))?;
+    Ok((0..count)
+        .map(|i| match read(nvml.device_by_index(i)) {
+            Ok(device) => read_gpu(nvml, i, &device),
+            Err(why) => GpuReading::unreachable(i, why),
+        })
+        .collect())
+}
+
+fn read_gpu(nvml: &Nvml, nvml_index: u32, device: &Device<'_>) -> GpuReading {
+    let pci = read(device.pci_info()).and_then(|info| {
+        info.bus_id
+            .parse::<PciAddress>()
+            .map_err(|e| Unread::Failed(e.to_string()))
+    });
+    let remap = raw::remapped_rows(nvml, device);
+    let max_gen = raw::gpu_max_pcie_gen(nvml, device).ok();
+    let pcie = read(device.current_pcie_link_gen()).and_then(|gen| {
+        Ok(PcieLink {
+            gen,
+            max_gen,
+            width: read(device.current_pcie_link_width())?,
+            max_width: read(device.max_pcie_link_width())?,
+        })
+    });
+    GpuReading {
+        nvml_index,
+        handle: Ok(()),
+        pci,
+        uuid: read(device.uuid()),
+        name: read(device.name()),
+        serial: read(device.serial()),
+        ecc_enabled: read(device.is_ecc_enabled()).map(|m| m.currently_enabled),
+        ecc_volatile: read(device.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)),
+        ecc_aggregate: read(
+            device.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Aggregate),
+        ),
+        ecc_volatile_dram: read(device.memory_error_counter(
+            MemoryError::Uncorrected,
+            EccCounter::Volatile,
+            MemoryLocation::Device,
+        )),
+        ecc_volatile_sram: read(device.memory_error_counter(
+            MemoryError::Uncorrected,
+            EccCounter::Volatile,
+            MemoryLocation::SRAM,
+        )),
+        retired_pending: read(device.are_pages_pending_retired()),
+        remap,
+        nvlink: nvlink(device),
+        pcie,
+        clock_events: read(device.current_throttle_reasons()).map(|r| r.bits()),
+    }
+}
+
+fn nvlink(device: &Device<'_>) -> Read<NvlinkState> {
+    let mut state = NvlinkState::default();
+    for link in 0..NVLINK_MAX_LINKS {
+        let wrapper = device.link_wrapper_for(link);
+        match read(wrapper.is_active()) {
+            Ok(up) => state.links.push(up),
+            // A link number the GPU does not have.
+            Err(Unread::NotSupported | Unread::Failed(_)) => continue,
+            Err(e) => return Err(e),
+        }
+        let count = |c| read(wrapper.error_counter(c)).unwrap_or(0);
+        state.replay += count(ErrorCounter::DlReplay);
+        state.recovery += count(ErrorCounter::DlRecovery);
+        state.crc += count(ErrorCounter::DlCrcFlit);
+    }
+    if state.links.is_empty() {
+        return Err(Unread::NotSupported);
+    }
+    Ok(state)
+}

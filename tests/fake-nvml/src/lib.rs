@@ -1,0 +1,366 @@
+//! A fake NVML library for tests on machines without a GPU.
+//!
+//! Built as a `cdylib` (`libfake_nvml.so`), it exports the NVML C functions gpu-agent calls,
+//! with the real signatures (types from `nvml-wrapper-sys`), and answers from a scenario file
+//! named by `FAKE_NVML_SCENARIO`. The file is re-read, when it changed, at the start of each
+//! poll (`nvmlDeviceGetCount_v2`), so a test can turn
+//! a fault on and off while the agent polls. Return codes behave like the real library's:
+//! `NVML_ERROR_GPU_IS_LOST` from every call on a lost GPU, `NVML_ERROR_NOT_SUPPORTED` for an
+//! API the scenario marks unsupported, `NVML_ERROR_INVALID_ARGUMENT` for a link that does not
+//! exist, `NVML_ERROR_UNINITIALIZED` before `nvmlInit`.
+#![allow(
+    unsafe_code,
+    missing_docs,
+    clippy::missing_safety_doc,
+    nonstandard_style
+)]
+
+mod scenario;
+
+use std::ffi::{c_char, c_uint, c_ulonglong};
+
+use nvml_wrapper_sys::bindings::*;
+
+pub use scenario::{Gpu, Scenario};
+
+const OK: nvmlReturn_t = nvmlReturn_enum_NVML_SUCCESS;
+const INVALID: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+const NOT_SUPPORTED: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
+const LOST: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST;
+const RESET_REQUIRED: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_RESET_REQUIRED;
+const UNINITIALIZED: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_UNINITIALIZED;
+const INSUFFICIENT: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE;
+
+/// Run `f` on GPU `device` for API `api`, translating the scenario's failure modes.
+fn with_gpu(device: nvmlDevice_t, api: &str, f: impl FnOnce(&Gpu) -> nvmlReturn_t) -> nvmlReturn_t {
+    let Some(scenario) = scenario::current() else {
+        return UNINITIALIZED;
+    };
+    let index = (device as usize).wrapping_sub(1);
+    let Some(gpu) = scenario.visible().nth(index) else {
+        return INVALID;
+    };
+    if gpu.lost {
+        return LOST;
+    }
+    if gpu.reset_required {
+        return RESET_REQUIRED;
+    }
+    if gpu.not_supported.iter().any(|a| a == api) {
+        return NOT_SUPPORTED;
+    }
+    f(gpu)
+}
+
+unsafe fn write_str(dst: *mut c_char, len: c_uint, text: &str) -> nvmlReturn_t {
+    if dst.is_null() {
+        return INVALID;
+    }
+    let bytes = text.as_bytes();
+    if bytes.len() + 1 > len as usize {
+        return INSUFFICIENT;
+    }
+    std::ptr::copy_nonoverlapping(bytes.as_ptr().cast::<c_char>(), dst, bytes.len());
+    *dst.add(bytes.len()) = 0;
+    OK
+}
+
+unsafe fn put<T>(dst: *mut T, value: T) -> nvmlReturn_t {
+    if dst.is_null() {
+        return INVALID;
+    }
+    *dst = value;
+    OK
+}
+
+fn enabled(on: bool) -> nvmlEnableState_t {
+    if on {
+        nvmlEnableState_enum_NVML_FEATURE_ENABLED
+    } else {
+        nvmlEnableState_enum_NVML_FEATURE_DISABLED
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
+    scenario::init()
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> nvmlReturn_t {
+    scenario::init()
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlShutdown() -> nvmlReturn_t {
+    scenario::shutdown()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
+    version: *mut c_char,
+    len: c_uint,
+) -> nvmlReturn_t {
+    match scenario::current() {
+        Some(s) => write_str(version, len, &s.driver_version),
+        None => UNINITIALIZED,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn_t {
+    match scenario::refreshed() {
+        Some(s) => put(count, s.visible().count() as c_uint),
+        None => UNINITIALIZED,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    let Some(s) = scenario::current() else {
+        return UNINITIALIZED;
+    };
+    let lost = s.visible().nth(index as usize).map(|g| g.lost);
+    match lost {
+        Some(true) => LOST,
+        Some(false) => put(device, (index as usize + 1) as nvmlDevice_t),
+        None => INVALID,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    device: nvmlDevice_t,
+    uuid: *mut c_char,
+    len: c_uint,
+) -> nvmlReturn_t {
+    with_gpu(device, "uuid", |g| write_str(uuid, len, &g.uuid))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    device: nvmlDevice_t,
+    name: *mut c_char,
+    len: c_uint,
+) -> nvmlReturn_t {
+    with_gpu(device, "name", |g| write_str(name, len, &g.name))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetSerial(
+    device: nvmlDevice_t,
+    serial: *mut c_char,
+    len: c_uint,
+) -> nvmlReturn_t {
+    with_gpu(device, "serial", |g| write_str(serial, len, &g.serial))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
+    device: nvmlDevice_t,
+    pci: *mut nvmlPciInfo_t,
+) -> nvmlReturn_t {
+    with_gpu(device, "pci_info", |g| {
+        if pci.is_null() {
+            return INVALID;
+        }
+        let (domain, bus, dev) = g.bdf();
+        let mut info: nvmlPciInfo_t = std::mem::zeroed();
+        info.domain = domain;
+        info.bus = bus;
+        info.device = dev;
+        info.pciDeviceId = 0x2330_10de;
+        let legacy = format!("{:04X}:{bus:02X}:{dev:02X}.0", domain & 0xffff);
+        let full = format!("{domain:08X}:{bus:02X}:{dev:02X}.0");
+        write_str(info.busIdLegacy.as_mut_ptr(), 16, &legacy);
+        write_str(info.busId.as_mut_ptr(), 32, &full);
+        *pci = info;
+        OK
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetEccMode(
+    device: nvmlDevice_t,
+    current: *mut nvmlEnableState_t,
+    pending: *mut nvmlEnableState_t,
+) -> nvmlReturn_t {
+    with_gpu(device, "ecc_mode", |g| {
+        let r = put(current, enabled(g.ecc.enabled));
+        if r != OK {
+            return r;
+        }
+        put(pending, enabled(g.ecc.enabled))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
+    device: nvmlDevice_t,
+    error_type: nvmlMemoryErrorType_t,
+    counter: nvmlEccCounterType_t,
+    count: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    with_gpu(device, "total_ecc_errors", |g| {
+        let volatile = counter == nvmlEccCounterType_enum_NVML_VOLATILE_ECC;
+        let value = match (
+            error_type == nvmlMemoryErrorType_enum_NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            volatile,
+        ) {
+            (true, true) => g.ecc.volatile_uncorrected,
+            (true, false) => g.ecc.aggregate_uncorrected,
+            (false, true) => g.ecc.volatile_corrected,
+            (false, false) => g.ecc.aggregate_corrected,
+        };
+        put(count, value)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryErrorCounter(
+    device: nvmlDevice_t,
+    error_type: nvmlMemoryErrorType_t,
+    counter: nvmlEccCounterType_t,
+    location: nvmlMemoryLocation_t,
+    count: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    with_gpu(device, "memory_error_counter", |g| {
+        if error_type != nvmlMemoryErrorType_enum_NVML_MEMORY_ERROR_TYPE_UNCORRECTED {
+            return put(count, 0);
+        }
+        let volatile = counter == nvmlEccCounterType_enum_NVML_VOLATILE_ECC;
+        let (dram, sram) = if volatile {
+            (
+                g.ecc.volatile_uncorrected_dram,
+                g.ecc.volatile_uncorrected_sram,
+            )
+        } else {
+            (
+                g.ecc.aggregate_uncorrected_dram,
+                g.ecc.aggregate_uncorrected_sram,
+            )
+        };
+        match location {
+            nvmlMemoryLocation_enum_NVML_MEMORY_LOCATION_DRAM => put(count, dram),
+            nvmlMemoryLocation_enum_NVML_MEMORY_LOCATION_SRAM => put(count, sram),
+            _ => NOT_SUPPORTED,
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetRetiredPagesPendingStatus(
+    device: nvmlDevice_t,
+    pending: *mut nvmlEnableState_t,
+) -> nvmlReturn_t {
+    with_gpu(device, "retired_pages_pending", |g| {
+        put(pending, enabled(g.retired_pages_pending))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
+    device: nvmlDevice_t,
+    corr: *mut c_uint,
+    unc: *mut c_uint,
+    pending: *mut c_uint,
+    failure: *mut c_uint,
+) -> nvmlReturn_t {
+    with_gpu(device, "remapped_rows", |g| {
+        let r = &g.remap;
+        for (dst, value) in [
+            (corr, r.correctable),
+            (unc, r.uncorrectable),
+            (pending, u32::from(r.pending)),
+            (failure, u32::from(r.failure)),
+        ] {
+            if put(dst, value) != OK {
+                return INVALID;
+            }
+        }
+        OK
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
+    device: nvmlDevice_t,
+    link: c_uint,
+    active: *mut nvmlEnableState_t,
+) -> nvmlReturn_t {
+    with_gpu(device, "nvlink_state", |g| {
+        match g.nvlink.up.get(link as usize) {
+            Some(up) => put(active, enabled(*up)),
+            None if link < NVML_NVLINK_MAX_LINKS => NOT_SUPPORTED,
+            None => INVALID,
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkErrorCounter(
+    device: nvmlDevice_t,
+    link: c_uint,
+    counter: nvmlNvLinkErrorCounter_t,
+    value: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    with_gpu(device, "nvlink_errors", |g| {
+        if link as usize >= g.nvlink.up.len() {
+            return NOT_SUPPORTED;
+        }
+        // Per-link counters: the scenario gives totals on link 0.
+        let on_link = |v: u64| if link == 0 { v } else { 0 };
+        let v = match counter {
+            nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_REPLAY => on_link(g.nvlink.replay),
+            nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_RECOVERY => on_link(g.nvlink.recovery),
+            nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_CRC_FLIT => on_link(g.nvlink.crc),
+            _ => 0,
+        };
+        put(value, v)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCurrPcieLinkGeneration(
+    device: nvmlDevice_t,
+    gen: *mut c_uint,
+) -> nvmlReturn_t {
+    with_gpu(device, "pcie", |g| put(gen, g.pcie.gen))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCurrPcieLinkWidth(
+    device: nvmlDevice_t,
+    width: *mut c_uint,
+) -> nvmlReturn_t {
+    with_gpu(device, "pcie", |g| put(width, g.pcie.width))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGpuMaxPcieLinkGeneration(
+    device: nvmlDevice_t,
+    gen: *mut c_uint,
+) -> nvmlReturn_t {
+    with_gpu(device, "pcie", |g| put(gen, g.pcie.max_gen))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkWidth(
+    device: nvmlDevice_t,
+    width: *mut c_uint,
+) -> nvmlReturn_t {
+    with_gpu(device, "pcie", |g| put(width, g.pcie.max_width))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
+    device: nvmlDevice_t,
+    reasons: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    with_gpu(device, "clock_events", |g| {
+        put(reasons, g.clock_event_reasons)
+    })
+}

@@ -1,0 +1,215 @@
+//! The scenario file: the devices the fake library reports.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use nvml_wrapper_sys::bindings::*;
+use serde::Deserialize;
+
+/// The whole host as NVML would see it.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// `nvmlSystemGetDriverVersion`.
+    #[serde(default = "driver_version")]
+    pub driver_version: String,
+    /// The GPUs, in NVML index order.
+    #[serde(default, rename = "gpu")]
+    pub gpus: Vec<Gpu>,
+}
+
+fn driver_version() -> String {
+    "570.133.20".into()
+}
+
+impl Scenario {
+    /// GPUs NVML enumerates (a GPU marked `missing` is on the PCI bus but not in NVML).
+    pub fn visible(&self) -> impl Iterator<Item = &Gpu> {
+        self.gpus.iter().filter(|g| !g.missing)
+    }
+}
+
+/// One GPU.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Gpu {
+    /// PCI address, `dddd:bb:dd.f`.
+    pub pci: String,
+    pub uuid: String,
+    pub name: String,
+    pub serial: String,
+    /// Not enumerated by NVML at all.
+    pub missing: bool,
+    /// Every call returns `NVML_ERROR_GPU_IS_LOST`.
+    pub lost: bool,
+    /// Every call returns `NVML_ERROR_RESET_REQUIRED`.
+    pub reset_required: bool,
+    /// API names that return `NVML_ERROR_NOT_SUPPORTED`: uuid, name, serial, pci_info,
+    /// ecc_mode, total_ecc_errors, memory_error_counter, retired_pages_pending,
+    /// remapped_rows, nvlink_state, nvlink_errors, pcie, clock_events.
+    pub not_supported: Vec<String>,
+    pub ecc: Ecc,
+    pub remap: Remap,
+    pub retired_pages_pending: bool,
+    pub nvlink: Nvlink,
+    pub pcie: Pcie,
+    /// `nvmlClocksEventReasons` bit mask.
+    pub clock_event_reasons: u64,
+}
+
+impl Gpu {
+    /// (domain, bus, device) of `pci`.
+    pub fn bdf(&self) -> (u32, u32, u32) {
+        let mut parts = self.pci.split([':', '.']);
+        let mut next = || {
+            parts
+                .next()
+                .and_then(|p| u32::from_str_radix(p, 16).ok())
+                .unwrap_or(0)
+        };
+        (next(), next(), next())
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Ecc {
+    pub enabled: bool,
+    pub volatile_uncorrected: u64,
+    pub aggregate_uncorrected: u64,
+    pub volatile_corrected: u64,
+    pub aggregate_corrected: u64,
+    pub volatile_uncorrected_dram: u64,
+    pub volatile_uncorrected_sram: u64,
+    pub aggregate_uncorrected_dram: u64,
+    pub aggregate_uncorrected_sram: u64,
+}
+
+impl Default for Ecc {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            volatile_uncorrected: 0,
+            aggregate_uncorrected: 0,
+            volatile_corrected: 0,
+            aggregate_corrected: 0,
+            volatile_uncorrected_dram: 0,
+            volatile_uncorrected_sram: 0,
+            aggregate_uncorrected_dram: 0,
+            aggregate_uncorrected_sram: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Remap {
+    pub correctable: u32,
+    pub uncorrectable: u32,
+    pub pending: bool,
+    pub failure: bool,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Nvlink {
+    /// One entry per link the GPU has: up or down.
+    pub up: Vec<bool>,
+    pub replay: u64,
+    pub recovery: u64,
+    pub crc: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Pcie {
+    pub gen: u32,
+    pub width: u32,
+    pub max_gen: u32,
+    pub max_width: u32,
+}
+
+impl Default for Pcie {
+    fn default() -> Self {
+        Self {
+            gen: 5,
+            width: 16,
+            max_gen: 5,
+            max_width: 16,
+        }
+    }
+}
+
+struct State {
+    initialized: u32,
+    loaded: Option<(PathBuf, Option<SystemTime>, Arc<Scenario>)>,
+}
+
+static STATE: Mutex<State> = Mutex::new(State {
+    initialized: 0,
+    loaded: None,
+});
+
+fn load() -> Option<(PathBuf, Option<SystemTime>, Arc<Scenario>)> {
+    let path = PathBuf::from(std::env::var_os("FAKE_NVML_SCENARIO")?);
+    let mtime = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
+    let text = std::fs::read_to_string(&path).ok()?;
+    match toml::from_str(&text) {
+        Ok(scenario) => Some((path, mtime, Arc::new(scenario))),
+        Err(e) => {
+            eprintln!("fake-nvml: {}: {e}", path.display());
+            None
+        }
+    }
+}
+
+pub(crate) fn init() -> nvmlReturn_t {
+    let mut state = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    if state.loaded.is_none() {
+        state.loaded = load();
+    }
+    if state.loaded.is_none() {
+        return nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED;
+    }
+    state.initialized += 1;
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+pub(crate) fn shutdown() -> nvmlReturn_t {
+    let mut state = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    if state.initialized == 0 {
+        return nvmlReturn_enum_NVML_ERROR_UNINITIALIZED;
+    }
+    state.initialized -= 1;
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+/// The scenario as last loaded; `None` before `nvmlInit`.
+pub(crate) fn current() -> Option<Arc<Scenario>> {
+    let state = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    if state.initialized == 0 {
+        return None;
+    }
+    state.loaded.as_ref().map(|(_, _, s)| Arc::clone(s))
+}
+
+/// Re-read the scenario if its file changed (called where a poll starts: the device count),
+/// then return it.
+pub(crate) fn refreshed() -> Option<Arc<Scenario>> {
+    {
+        let mut state = STATE.lock().unwrap_or_else(|e| e.into_inner());
+        if state.initialized == 0 {
+            return None;
+        }
+        if let Some((path, mtime, _)) = &state.loaded {
+            let now = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+            if now != *mtime {
+                if let Some(fresh) = load() {
+                    state.loaded = Some(fresh);
+                }
+            }
+        }
+    }
+    current()
+}

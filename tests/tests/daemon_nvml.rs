@@ -1,0 +1,240 @@
+//! The real daemon polling the fake NVML library (`tests/fake-nvml`) through the real
+//! nvml-wrapper: every scenario raises the expected fault on the right GPU, and clears when
+//! the scenario is healthy again.
+
+use std::time::Duration;
+
+use gpu_agent_e2e::{cli, fault, faults_on, inject, Host, NvmlScenario};
+use serde_json::Value;
+
+const WAIT: Duration = Duration::from_secs(5);
+
+fn nvml_faults(s: &Value, host: &Host) -> Vec<Value> {
+    let mut faults: Vec<Value> = faults_on(s, host)
+        .into_iter()
+        .filter(|f| f["source"] == "nvml")
+        .cloned()
+        .collect();
+    // Node-level findings (no address) belong to this host's daemon too.
+    faults.extend(
+        s["faults"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|f| f["source"] == "nvml" && f["component"]["kind"] == "node")
+            .cloned(),
+    );
+    faults
+}
+
+#[test]
+fn healthy_nvswitch_host_shows_eight_named_gpus_and_no_faults() {
+    let host = Host::new();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let agent = host.start_with_nvml(
+        &NvmlScenario::healthy(),
+        &format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n"),
+    );
+    let s = agent.wait_for(WAIT, |s| s["gpus"][7]["nvml"]["name"].is_string());
+    assert!(
+        nvml_faults(&s, &host).is_empty(),
+        "{:#?}",
+        nvml_faults(&s, &host)
+    );
+    assert_eq!(s["driver_version"], "570.133.20");
+    let gpus = s["gpus"].as_array().expect("gpus");
+    assert_eq!(gpus.len(), 8);
+    for (i, g) in gpus.iter().enumerate() {
+        assert_eq!(g["index"], i);
+        assert_eq!(g["nvml"]["name"], "NVIDIA H100 80GB HBM3");
+        assert_eq!(g["nvml"]["telemetry"]["nvlink_up"], 18);
+        assert_eq!(g["nvml"]["pci"], g["pci"], "NVML's bus id joins sysfs's");
+    }
+    let (code, table) = agent.status(false);
+    assert!(
+        table.contains("NVIDIA H100 80GB HBM3") && table.contains("NVIDIA driver 570.133.20"),
+        "{table}"
+    );
+    assert!(code <= 1);
+
+    let body = http_get(port, "/metrics");
+    assert!(
+        body.contains(r#"gpu_agent_gpu_nvlink_links{gpu="0",state="up"} 18"#),
+        "{body}"
+    );
+    assert!(
+        body.contains(r#"gpu_agent_gpu_pcie_link_width{gpu="7",which="max"} 16"#),
+        "{body}"
+    );
+    assert!(
+        body.contains(r#"gpu_agent_gpu_ecc_uncorrected_errors{gpu="3",counter="volatile"} 0"#),
+        "{body}"
+    );
+    assert!(
+        body.contains(r#"gpu_agent_source_up{source="nvml"} 1"#),
+        "{body}"
+    );
+    assert!(agent.stop().success());
+}
+
+fn http_get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .expect("send");
+    let mut out = String::new();
+    stream.read_to_string(&mut out).expect("read");
+    out
+}
+
+#[test]
+fn every_scenario_raises_its_fault_on_the_right_gpu_and_clears() {
+    let host = Host::new();
+    let agent = host.start_with_nvml(&NvmlScenario::healthy(), "");
+    agent.wait_for(WAIT, |s| {
+        s["gpus"][7]["nvml"]["name"].is_string() && nvml_faults(s, &host).is_empty()
+    });
+
+    // (scenario, fault code, GPU index or None for the node, severity, action)
+    let cases: [(NvmlScenario, &str, Option<u64>, &str, &str); 8] = [
+        (NvmlScenario::healthy().gpu(5, "missing = true"), "gpu-missing", Some(5), "fatal", "reboot"),
+        (NvmlScenario::healthy().gpu(1, "ecc.volatile_uncorrected = 3\necc.aggregate_uncorrected = 3\necc.volatile_uncorrected_dram = 3"), "ecc-uncorrected-volatile", Some(1), "fatal", "reset-gpu"),
+        (NvmlScenario::healthy().gpu(2, "remap.pending = true\nremap.uncorrectable = 1"), "remap-pending", Some(2), "fatal", "reset-gpu"),
+        (NvmlScenario::healthy().gpu(3, "remap.failure = true\nremap.uncorrectable = 12"), "remap-failure", Some(3), "fatal", "replace"),
+        (NvmlScenario::healthy().gpu(4, "nvlink.up = [true, true, true, true, true, true, true, false, true, true, true, true, true, true, true, true, true, true]"), "nvlink-down", Some(4), "fatal", "reset-gpu"),
+        (NvmlScenario::healthy().gpu(6, "pcie.width = 8"), "pcie-degraded", Some(6), "warning", "none"),
+        (NvmlScenario::healthy().gpu(7, "lost = true"), "gpu-lost", Some(7), "fatal", "reboot"),
+        (NvmlScenario::healthy().gpu(0, "reset_required = true"), "reset-required", Some(0), "fatal", "reset-gpu"),
+    ];
+    for (scenario, code, gpu, severity, action) in cases {
+        scenario.write(&host);
+        let s = agent.wait_for(WAIT, |s| {
+            nvml_faults(s, &host)
+                .iter()
+                .any(|f| f["code"]["type"] == code)
+        });
+        let faults = nvml_faults(&s, &host);
+        assert_eq!(
+            faults.len(),
+            1,
+            "{code}: exactly one fault, others unaffected: {faults:#?}"
+        );
+        let f = &faults[0];
+        assert_eq!(
+            (
+                f["gpu_index"].as_u64(),
+                f["severity"].as_str(),
+                f["action"].as_str()
+            ),
+            (gpu, Some(severity), Some(action)),
+            "{code}: {f:#}"
+        );
+        if let Some(i) = gpu {
+            assert_eq!(
+                s["gpus"][i as usize]["health"],
+                if severity == "fatal" {
+                    "fatal"
+                } else {
+                    "warning"
+                }
+            );
+        }
+        NvmlScenario::healthy().write(&host);
+        agent.wait_for(WAIT, |s| nvml_faults(s, &host).is_empty());
+    }
+
+    // An unsupported API is not a fault; the other checks still run on that GPU.
+    NvmlScenario::healthy()
+        .gpu(
+            0,
+            "not_supported = [\"remapped_rows\", \"nvlink_state\", \"memory_error_counter\"]",
+        )
+        .gpu(0, "pcie.width = 4")
+        .write(&host);
+    let s = agent.wait_for(WAIT, |s| !nvml_faults(s, &host).is_empty());
+    let faults = nvml_faults(&s, &host);
+    assert_eq!(faults.len(), 1, "{faults:#?}");
+    assert_eq!(faults[0]["code"]["type"], "pcie-degraded");
+    assert!(s["gpus"][0]["nvml"]["telemetry"]["remapped_rows_correctable"].is_null());
+    assert!(agent.stop().success());
+}
+
+#[test]
+fn nvml_and_kernel_log_faults_join_on_the_bus_id() {
+    let host = Host::new();
+    let agent = host.start_with_nvml(
+        &NvmlScenario::healthy().gpu(1, "ecc.volatile_uncorrected = 1"),
+        "",
+    );
+    inject(&format!(
+        "NVRM: Xid (PCI:{}): 48, pid=1, name=x, DBE",
+        host.gpu_bdf(1)
+    ));
+    let s = agent.wait_for(WAIT, |s| {
+        fault(s, &host, "xid", Some(48)).is_some()
+            && fault(s, &host, "ecc-uncorrected-volatile", None).is_some()
+    });
+    assert_eq!(
+        fault(&s, &host, "xid", Some(48)).expect("xid")["gpu_index"],
+        1
+    );
+    assert_eq!(
+        fault(&s, &host, "ecc-uncorrected-volatile", None).expect("ecc")["gpu_index"],
+        1
+    );
+    let faults = s["gpus"][1]["faults"].as_array().expect("faults");
+    assert_eq!(faults.len(), 2, "{faults:?}");
+    assert!(agent.stop().success());
+}
+
+#[test]
+fn no_driver_turns_the_source_off_with_the_reason() {
+    let host = Host::new();
+    let config = host.config("[nvml]\nlibrary = \"/nonexistent/libnvidia-ml.so.1\"\n");
+    let agent = gpu_agent_e2e::Agent::start(&config, &host.socket());
+    let s = agent.snapshot().expect("snapshot");
+    let nvml = s["sources"]
+        .as_array()
+        .expect("sources")
+        .iter()
+        .find(|x| x["source"] == "nvml")
+        .expect("nvml source")
+        .clone();
+    assert_eq!(nvml["state"], "off");
+    assert!(
+        nvml["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("NVIDIA driver not available")
+                && r.contains("/nonexistent/libnvidia-ml.so.1")),
+        "{nvml}"
+    );
+    assert!(agent.stop().success());
+}
+
+#[test]
+fn check_polls_nvml_once_and_shows_gpu_rows() {
+    let host = Host::new();
+    NvmlScenario::healthy()
+        .gpu(3, "remap.failure = true")
+        .write(&host);
+    let config = host.config(&host.nvml_config());
+    let out = std::process::Command::new(gpu_agent_e2e::binary())
+        .args(["--config", &config.to_string_lossy(), "check", "--json"])
+        .env("FAKE_NVML_SCENARIO", host.nvml_scenario_path())
+        .output()
+        .expect("run check");
+    assert_eq!(out.status.code(), Some(1));
+    let s: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(s["gpus"][3]["nvml"]["name"], "NVIDIA H100 80GB HBM3");
+    assert_eq!(s["gpus"][3]["health"], "fatal");
+    let f = fault(&s, &host, "remap-failure", None).expect("remap failure");
+    assert_eq!(f["action"], "replace");
+    let _ = cli; // the plain CLI helper is used by the kernel-log tests
+}
