@@ -35,6 +35,8 @@ pub enum Command {
         #[command(subcommand)]
         what: Inject,
     },
+    /// Clear latched faults after a repair: by reason (NvidiaXID79Error), code (xid-79) or label, or --all. Needs root.
+    Clear(ClearArgs),
     /// Print the built-in default config (the documented file installed at /etc/gpu-agent/config.toml).
     DefaultConfig,
 }
@@ -45,6 +47,17 @@ pub struct OutputArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `gpu-agent clear`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["selector", "all"])))]
+pub struct ClearArgs {
+    /// Reason, code or label of the faults to clear.
+    pub selector: Option<String>,
+    /// Clear every fault.
+    #[arg(long)]
+    pub all: bool,
 }
 
 /// `gpu-agent xid`.

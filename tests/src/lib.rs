@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod kube_api;
+
 /// Bus numbers of the fake GPUs, in index order.
 pub const GPU_BUSES: [u8; 8] = [0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];
 /// Bus number of the fake NVSwitch.
@@ -158,8 +160,16 @@ impl Host {
     /// Write a config for this host; `extra` is appended (more TOML).
     pub fn config(&self, extra: &str) -> PathBuf {
         let path = self.dir.path().join("config.toml");
+        // Top-level keys in `extra` (before its first table) must precede every table.
+        let split = extra
+            .lines()
+            .position(|l| l.trim_start().starts_with('['))
+            .unwrap_or(extra.lines().count());
+        let top: Vec<&str> = extra.lines().take(split).collect();
+        let rest: Vec<&str> = extra.lines().skip(split).collect();
+        let (top, extra) = (top.join("\n"), rest.join("\n"));
         let text = format!(
-            "state_dir = {state:?}\n\n[status]\nsocket = {sock:?}\n\n[sysfs]\nroot = {sys:?}\n\n[procfs]\nroot = {proc:?}\n\n{extra}\n",
+            "{top}\nstate_dir = {state:?}\n\n[status]\nsocket = {sock:?}\n\n[sysfs]\nroot = {sys:?}\n\n[procfs]\nroot = {proc:?}\n\n{extra}\n",
             state = self.dir.path().join("state"),
             sock = self.socket(),
             sys = self.sysfs(),
@@ -420,7 +430,7 @@ impl Host {
     /// Start a daemon with the fake NVML library reading `scenario`.
     pub fn start_with_nvml(&self, scenario: &NvmlScenario, extra_config: &str) -> Agent {
         scenario.write(self);
-        let config = self.config(&format!("{}\n{extra_config}", self.nvml_config()));
+        let config = self.config(&format!("{extra_config}\n{}", self.nvml_config()));
         let path = self.nvml_scenario_path();
         Agent::start_with_env(
             &config,

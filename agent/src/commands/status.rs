@@ -26,6 +26,43 @@ pub fn status(loaded: &Loaded, json: bool) -> anyhow::Result<u8> {
             eprintln!("gpu-agent: the daemon refused the request: {message}");
             Ok(EXIT_UNREACHABLE)
         }
+        Ok(Response::Cleared { .. }) => {
+            eprintln!("gpu-agent: unexpected answer from the daemon");
+            Ok(EXIT_UNREACHABLE)
+        }
+        Err(e) => {
+            eprintln!("gpu-agent: {e}");
+            Ok(EXIT_UNREACHABLE)
+        }
+    }
+}
+
+/// `gpu-agent clear`: ask the daemon to drop faults an operator repaired. Exit 0 if any
+/// were cleared, 1 if none matched, 2 if the daemon could not be asked.
+pub fn clear(loaded: &Loaded, selector: Option<String>) -> anyhow::Result<u8> {
+    let runtime = super::runtime().context("cannot start the async runtime")?;
+    match runtime.block_on(query(
+        &loaded.config.status.socket,
+        &Request::Clear { selector },
+    )) {
+        Ok(Response::Cleared { faults }) if faults.is_empty() => {
+            eprintln!("gpu-agent: no fault matched");
+            Ok(1)
+        }
+        Ok(Response::Cleared { faults }) => {
+            for f in faults {
+                println!("cleared: {f}");
+            }
+            Ok(0)
+        }
+        Ok(Response::Error { message }) => {
+            eprintln!("gpu-agent: {message}");
+            Ok(EXIT_UNREACHABLE)
+        }
+        Ok(Response::Status { .. }) => {
+            eprintln!("gpu-agent: unexpected answer from the daemon");
+            Ok(EXIT_UNREACHABLE)
+        }
         Err(e) => {
             eprintln!("gpu-agent: {e}");
             Ok(EXIT_UNREACHABLE)

@@ -60,6 +60,9 @@ pub struct Config {
     pub node_name: String,
     /// Where the agent keeps its state across restarts.
     pub state_dir: PathBuf,
+    /// A fatal fault that a reset or reboot should fix, seen in this many boots, escalates to
+    /// replace.
+    pub escalate_after_boots: u32,
     /// The status socket.
     pub status: StatusConfig,
     /// The kernel-log source.
@@ -72,6 +75,43 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// The NVML health source.
     pub nvml: NvmlConfig,
+    /// Node conditions and events.
+    pub kubernetes: KubernetesConfig,
+}
+
+/// `[kubernetes]`: node conditions and events for EKS node auto repair and Karpenter.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesConfig {
+    /// Write conditions and events.
+    pub enabled: bool,
+    /// Kubeconfig (the kubelet's, exec credential plugin included). If absent and running in
+    /// a pod, the in-cluster config is used; otherwise the sink is off (standalone).
+    pub kubeconfig: PathBuf,
+    /// Condition type for GPU health.
+    pub hardware_condition: String,
+    /// Condition type for a pending end of the instance.
+    pub interruption_condition: String,
+    /// A burst of changes is gathered this long before one PATCH.
+    pub debounce: HumanDuration,
+    /// `lastHeartbeatTime` is refreshed this often with no change.
+    pub heartbeat_interval: HumanDuration,
+    /// Record warning and fatal faults as Node Events.
+    pub events: bool,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            kubeconfig: PathBuf::from("/var/lib/kubelet/kubeconfig"),
+            hardware_condition: "AcceleratedHardwareReady".into(),
+            interruption_condition: "InterruptionPending".into(),
+            debounce: HumanDuration(std::time::Duration::from_millis(100)),
+            heartbeat_interval: HumanDuration(std::time::Duration::from_secs(60)),
+            events: true,
+        }
+    }
 }
 
 /// `[nvml]`: GPU health polled through NVML (no DCGM needed).
@@ -151,12 +191,14 @@ impl Default for Config {
         Self {
             node_name: String::new(),
             state_dir: PathBuf::from("/var/lib/gpu-agent"),
+            escalate_after_boots: 3,
             status: StatusConfig::default(),
             kmsg: KmsgConfig::default(),
             sysfs: SysfsConfig::default(),
             procfs: ProcfsConfig::default(),
             metrics: MetricsConfig::default(),
             nvml: NvmlConfig::default(),
+            kubernetes: KubernetesConfig::default(),
         }
     }
 }
@@ -295,6 +337,39 @@ impl Config {
                 "kmsg.repeat_log_interval",
                 "must be greater than zero",
             ));
+        }
+        let k = &self.kubernetes;
+        if k.debounce.0 > std::time::Duration::from_secs(1) {
+            return Err(invalid(
+                "kubernetes.debounce",
+                "must be at most 1s (changes must reach the API server within a second)",
+            ));
+        }
+        if k.heartbeat_interval.0 < std::time::Duration::from_secs(1) {
+            return Err(invalid(
+                "kubernetes.heartbeat_interval",
+                "must be at least 1s",
+            ));
+        }
+        for (key, value) in [
+            ("kubernetes.hardware_condition", &k.hardware_condition),
+            (
+                "kubernetes.interruption_condition",
+                &k.interruption_condition,
+            ),
+        ] {
+            if value.is_empty() || !value.chars().all(|c| c.is_ascii_alphanumeric()) {
+                return Err(invalid(key, "must be a non-empty CamelCase condition type"));
+            }
+        }
+        if k.hardware_condition == k.interruption_condition {
+            return Err(invalid(
+                "kubernetes.interruption_condition",
+                "must differ from hardware_condition",
+            ));
+        }
+        if self.escalate_after_boots == 0 {
+            return Err(invalid("escalate_after_boots", "must be at least 1"));
         }
         if self.node_name.len() > 253 {
             return Err(invalid("node_name", "longer than 253 characters"));

@@ -37,6 +37,16 @@ pub struct HealthModel {
     logged: HashMap<Key, Logged>,
     nvml_gpus: Vec<GpuIdentity>,
     driver_version: Option<String>,
+    sinks: BTreeMap<String, SourceState>,
+    recurrence: BTreeMap<String, Vec<String>>,
+    escalate_after_boots: usize,
+}
+
+/// Boots remembered per fault for recurrence.
+const RECURRENCE_BOOTS: usize = 8;
+
+fn recurrence_key(key: &Key) -> String {
+    serde_json::to_string(key).unwrap_or_default()
 }
 
 /// GPUs compare by domain, bus and device; kernel-log lines omit the function.
@@ -63,7 +73,63 @@ impl HealthModel {
             logged: HashMap::new(),
             nvml_gpus: Vec::new(),
             driver_version: None,
+            sinks: BTreeMap::new(),
+            recurrence: BTreeMap::new(),
+            escalate_after_boots: 3,
         }
+    }
+
+    /// A fatal reset or reboot fault seen in this many boots escalates to replace.
+    pub fn set_escalate_after_boots(&mut self, boots: u32) {
+        self.escalate_after_boots = usize::try_from(boots.max(1)).unwrap_or(usize::MAX);
+    }
+
+    /// Record this boot for a fatal fault fixed by a reset or reboot; past the limit, a
+    /// reboot evidently does not fix it, so the action becomes replace.
+    fn track_recurrence(&mut self, key: Key) {
+        let Some(fault) = self.faults.get_mut(&key) else {
+            return;
+        };
+        if fault.class.severity != Severity::Fatal
+            || !matches!(fault.class.action, Action::ResetGpu | Action::Reboot)
+        {
+            return;
+        }
+        let boots = self.recurrence.entry(recurrence_key(&key)).or_default();
+        if !boots.contains(&self.boot_id) {
+            boots.push(self.boot_id.clone());
+            if boots.len() > RECURRENCE_BOOTS {
+                boots.remove(0);
+            }
+        }
+        if boots.len() >= self.escalate_after_boots {
+            fault.class.action = Action::Replace;
+            let note = format!(" [recurred in {} boots: escalated to replace]", boots.len());
+            if !fault.detail.ends_with(&note) {
+                fault.detail.push_str(&note);
+            }
+        }
+    }
+
+    /// Remove faults an operator declares repaired: those `selector` matches (reason, code
+    /// or label), or all with `None`. Their recurrence history goes too. Returns their labels.
+    pub fn clear(&mut self, selector: Option<&str>) -> Vec<String> {
+        let keys: Vec<Key> = self
+            .faults
+            .iter()
+            .filter(|(_, f)| selector.is_none_or(|s| f.matches(s)))
+            .map(|(k, _)| *k)
+            .collect();
+        let mut cleared = Vec::new();
+        for key in keys {
+            if let Some(fault) = self.faults.remove(&key) {
+                tracing::warn!(fault = %fault.label(), reason = %fault.reason(), "Fault cleared by an operator.");
+                cleared.push(fault.label());
+            }
+            self.logged.remove(&key);
+            self.recurrence.remove(&recurrence_key(&key));
+        }
+        cleared
     }
 
     /// Every GPU known, from sysfs or NVML, in bus order: the index is the position.
@@ -96,6 +162,7 @@ impl HealthModel {
         if same_boot {
             self.kmsg_cursor = state.kmsg_cursor;
         }
+        self.recurrence = state.recurrence;
         for fault in state.faults {
             if same_boot || fault.class.action == Action::Replace {
                 self.faults.insert((fault.component, fault.code), fault);
@@ -111,6 +178,7 @@ impl HealthModel {
         PersistedState {
             kmsg_cursor: self.kmsg_cursor,
             faults: self.faults.values().cloned().collect(),
+            recurrence: self.recurrence.clone(),
             ..PersistedState::empty(&self.boot_id)
         }
     }
@@ -130,6 +198,11 @@ impl HealthModel {
             Observation::Source(source, state) => {
                 let changed = self.sources.get(&source) != Some(&state);
                 self.sources.insert(source, state);
+                changed
+            }
+            Observation::Sink(status) => {
+                let changed = self.sinks.get(&status.sink) != Some(&status.state);
+                self.sinks.insert(status.sink, status.state);
                 changed
             }
             Observation::Poll {
@@ -202,6 +275,7 @@ impl HealthModel {
             } else {
                 self.log_repeat(key);
             }
+            self.track_recurrence(key);
             return;
         }
         if self.faults.len() >= MAX_FAULTS {
@@ -219,7 +293,11 @@ impl HealthModel {
             detail: report.detail,
             boot_id: self.boot_id.clone(),
         };
-        log_new(&fault);
+        self.faults.insert(key, fault);
+        self.track_recurrence(key);
+        if let Some(fault) = self.faults.get(&key) {
+            log_new(fault);
+        }
         self.logged.insert(
             key,
             Logged {
@@ -227,7 +305,6 @@ impl HealthModel {
                 count: 1,
             },
         );
-        self.faults.insert(key, fault);
     }
 
     fn evict_one(&mut self) {
@@ -323,6 +400,15 @@ impl HealthModel {
             gpus,
             faults,
             sources,
+            sinks: self
+                .sinks
+                .iter()
+                .map(|(sink, state)| crate::model::SinkStatus {
+                    sink: sink.clone(),
+                    state: state.clone(),
+                })
+                .collect(),
+            pending_end: None,
             kmsg,
             driver_version: self.driver_version.clone(),
             updated_at: SystemTime::now(),
@@ -530,6 +616,59 @@ mod tests {
         assert_eq!(
             m.snapshot(KmsgStats::default()).summary,
             "4 GPUs, healthy; kmsg failed"
+        );
+    }
+
+    fn on_boot(boot: &str, state: Option<PersistedState>) -> HealthModel {
+        let mut m = HealthModel::new(
+            "node-a",
+            boot,
+            NvidiaDevices::default(),
+            Duration::from_secs(60),
+        );
+        if let Some(state) = state {
+            m.restore(state);
+        }
+        m
+    }
+
+    #[test]
+    fn a_fault_recurring_across_reboots_escalates_to_replace() {
+        let mut m = on_boot("boot-1", None);
+        m.apply(xid("0000:18:00", 79, 1));
+        let mut m = on_boot("boot-2", Some(m.persisted()));
+        assert!(
+            m.snapshot(KmsgStats::default()).faults.is_empty(),
+            "a reboot cleared it"
+        );
+        m.apply(xid("0000:18:00", 79, 1));
+        assert_eq!(
+            m.snapshot(KmsgStats::default()).faults[0].class.action,
+            Action::Reboot
+        );
+        let mut m = on_boot("boot-3", Some(m.persisted()));
+        m.apply(xid("0000:18:00", 79, 1));
+        let f = &m.snapshot(KmsgStats::default()).faults[0];
+        assert_eq!(f.class.action, Action::Replace);
+        assert!(f.detail.contains("recurred in 3 boots"), "{}", f.detail);
+        // Replace survives the next reboot.
+        let m = on_boot("boot-4", Some(m.persisted()));
+        assert_eq!(m.snapshot(KmsgStats::default()).faults.len(), 1);
+    }
+
+    #[test]
+    fn clear_by_reason_code_label_or_all() {
+        let mut m = model();
+        m.apply(xid("0000:18:00", 79, 1));
+        m.apply(xid("0000:2a:00", 48, 2));
+        m.apply(xid("0000:3a:00", 13, 3));
+        assert!(m.clear(Some("NvidiaXID999Error")).is_empty());
+        assert_eq!(m.clear(Some("nvidiaxid79error")), ["GPU 0 Xid 79"]);
+        assert_eq!(m.clear(Some("xid-48")), ["GPU 1 Xid 48"]);
+        assert_eq!(m.clear(None), ["GPU 2 Xid 13"]);
+        assert!(
+            m.persisted().recurrence.is_empty(),
+            "history goes with the repair"
         );
     }
 }

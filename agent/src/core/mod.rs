@@ -27,6 +27,9 @@ const MAX_BATCH: usize = 4096;
 pub enum Request {
     /// Liveness check for the systemd watchdog: answered when the core's loop is turning.
     Ping(oneshot::Sender<()>),
+    /// An operator declares faults repaired (`gpu-agent clear`): those the selector matches,
+    /// or all. Answered with the labels of the faults removed.
+    Clear(Option<String>, oneshot::Sender<Vec<String>>),
 }
 
 /// A cheap handle to send requests to the core.
@@ -41,6 +44,13 @@ impl CoreHandle {
             return false;
         }
         matches!(tokio::time::timeout(timeout, rx).await, Ok(Ok(())))
+    }
+
+    /// Clear faults (see [`Request::Clear`]); `None` if the core is gone.
+    pub async fn clear(&self, selector: Option<String>) -> Option<Vec<String>> {
+        let (tx, rx) = oneshot::channel();
+        self.0.send(Request::Clear(selector, tx)).await.ok()?;
+        rx.await.ok()
     }
 }
 
@@ -109,6 +119,14 @@ impl Core {
                 Some(request) = self.requests.recv() => match request {
                     Request::Ping(reply) => {
                         let _ = reply.send(());
+                    }
+                    Request::Clear(selector, reply) => {
+                        let cleared = self.model.clear(selector.as_deref());
+                        if !cleared.is_empty() {
+                            published_stats = self.publish();
+                            self.persist();
+                        }
+                        let _ = reply.send(cleared);
                     }
                 },
                 _ = tick.tick() => {

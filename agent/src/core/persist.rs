@@ -22,6 +22,9 @@ pub struct PersistedState {
     pub kmsg_cursor: Option<u64>,
     /// Faults in the model.
     pub faults: Vec<Fault>,
+    /// Boots in which each fatal reset/reboot fault was seen (for escalation to replace).
+    #[serde(default)]
+    pub recurrence: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 impl PersistedState {
@@ -32,6 +35,7 @@ impl PersistedState {
             boot_id: boot_id.to_string(),
             kmsg_cursor: None,
             faults: Vec::new(),
+            recurrence: std::collections::BTreeMap::new(),
         }
     }
 }

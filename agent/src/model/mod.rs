@@ -5,6 +5,7 @@
 
 mod fault;
 mod pci;
+mod reason;
 mod snapshot;
 pub mod time;
 
@@ -12,9 +13,10 @@ pub use fault::{
     Action, Classification, Component, Fault, FaultCode, FaultReport, Severity, SourceKind,
 };
 pub use pci::{PciAddress, PciAddressError};
+pub use reason::reason;
 pub use snapshot::{
-    GpuIdentity, GpuStatus, GpuTelemetry, Health, HealthSnapshot, KmsgStats, SourceState,
-    SourceStatus,
+    GpuIdentity, GpuStatus, GpuTelemetry, Health, HealthSnapshot, KmsgStats, PendingEnd,
+    SinkStatus, SourceState, SourceStatus,
 };
 
 /// What a source tells the core.
@@ -24,6 +26,8 @@ pub enum Observation {
     Fault(FaultReport),
     /// A source changed state (started, turned off, failed).
     Source(SourceKind, SourceState),
+    /// A sink changed state (connected, off, failing); shown by `status`.
+    Sink(SinkStatus),
     /// A polling source's complete view: these faults are all it sees now (faults it
     /// reported before and not now have cleared), and these GPUs are what it enumerated.
     Poll {

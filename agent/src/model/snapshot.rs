@@ -126,6 +126,29 @@ pub struct SourceStatus {
     pub state: SourceState,
 }
 
+/// A sink and its state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SinkStatus {
+    /// Which sink (`kubernetes`, ...).
+    pub sink: String,
+    /// Its state.
+    #[serde(flatten)]
+    pub state: SourceState,
+}
+
+/// A known end of this instance (Spot notice, scheduled maintenance, Capacity Block end,
+/// shutdown).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingEnd {
+    /// What kind of end (`spot`, `scheduled-maintenance`, `capacity-block`, `shutdown`).
+    pub kind: String,
+    /// When the instance goes.
+    #[serde(with = "super::time")]
+    pub deadline: SystemTime,
+    /// The notice's detail.
+    pub detail: String,
+}
+
 /// Kernel-log reading statistics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KmsgStats {
@@ -156,6 +179,10 @@ pub struct HealthSnapshot {
     pub faults: Vec<Fault>,
     /// Sources and their state.
     pub sources: Vec<SourceStatus>,
+    /// Sinks that can be off or failing, and their state.
+    pub sinks: Vec<SinkStatus>,
+    /// The instance's pending end, if one is known.
+    pub pending_end: Option<PendingEnd>,
     /// Kernel-log statistics.
     pub kmsg: KmsgStats,
     /// NVIDIA driver version (from NVML), if known.

@@ -4,5 +4,6 @@
 //! [`HealthSnapshot`]: crate::model::HealthSnapshot
 
 pub mod metrics;
+pub mod node_conditions;
 pub mod status;
 pub mod systemd;

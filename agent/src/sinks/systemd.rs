@@ -17,6 +17,22 @@ fn notify(states: &[NotifyState]) {
     }
 }
 
+/// A message for the notify socket, owned so it can cross to the blocking pool.
+enum Message {
+    Status(String),
+    Watchdog,
+}
+
+/// Send off the runtime thread: a datagram send blocks while the receiver's queue is full,
+/// and the daemon must keep serving while systemd is slow to read.
+async fn send(message: Message) {
+    let _ = tokio::task::spawn_blocking(move || match message {
+        Message::Status(status) => notify(&[NotifyState::Status(&status)]),
+        Message::Watchdog => notify(&[NotifyState::Watchdog]),
+    })
+    .await;
+}
+
 /// Tell systemd the daemon is up (sources and sinks are running).
 pub fn ready(status: &str) {
     notify(&[NotifyState::Ready, NotifyState::Status(status)]);
@@ -52,14 +68,14 @@ pub async fn run(
                 }
                 let summary = snapshots.borrow_and_update().summary.clone();
                 if summary != last {
-                    notify(&[NotifyState::Status(&summary)]);
+                    send(Message::Status(summary.clone())).await;
                     last = summary;
                 }
             }
             _ = tick.tick(), if watchdog.is_some() => {
                 // Only a core whose loop is turning keeps the watchdog fed.
                 if core.ping(period).await {
-                    notify(&[NotifyState::Watchdog]);
+                    send(Message::Watchdog).await;
                 } else {
                     tracing::error!("Core did not answer the watchdog ping.");
                 }

@@ -19,6 +19,11 @@ use crate::model::HealthSnapshot;
 pub enum Request {
     /// The current health snapshot.
     Status,
+    /// Clear latched faults after a repair (root only).
+    Clear {
+        /// Reason, code or label of the faults to clear; `None` clears all.
+        selector: Option<String>,
+    },
 }
 
 /// The answer.
@@ -29,6 +34,11 @@ pub enum Response {
     Status {
         /// Health as of now.
         snapshot: Box<HealthSnapshot>,
+    },
+    /// The faults cleared.
+    Cleared {
+        /// Their labels.
+        faults: Vec<String>,
     },
     /// The request was not understood or could not be served.
     Error {

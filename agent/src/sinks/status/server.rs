@@ -10,6 +10,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{watch, Semaphore};
 
 use super::{Request, Response};
+use crate::core::CoreHandle;
 use crate::model::HealthSnapshot;
 use crate::shutdown::Shutdown;
 
@@ -95,6 +96,7 @@ impl Drop for Listener {
 pub async fn serve(
     listener: Listener,
     snapshots: watch::Receiver<Arc<HealthSnapshot>>,
+    core: CoreHandle,
     mut shutdown: Shutdown,
 ) {
     let permits = Arc::new(Semaphore::new(MAX_CLIENTS));
@@ -116,8 +118,9 @@ pub async fn serve(
             continue;
         };
         let snapshots = snapshots.clone();
+        let core = core.clone();
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(CLIENT_TIMEOUT, answer(stream, snapshots)).await;
+            let _ = tokio::time::timeout(CLIENT_TIMEOUT, answer(stream, snapshots, core)).await;
             drop(permit);
         });
     }
@@ -126,7 +129,9 @@ pub async fn serve(
 async fn answer(
     stream: UnixStream,
     snapshots: watch::Receiver<Arc<HealthSnapshot>>,
+    core: CoreHandle,
 ) -> std::io::Result<()> {
+    let root = stream.peer_cred().is_ok_and(|c| c.uid() == 0);
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
     BufReader::new(read.take(MAX_REQUEST))
@@ -135,6 +140,15 @@ async fn answer(
     let response = match serde_json::from_str::<Request>(&line) {
         Ok(Request::Status) => Response::Status {
             snapshot: Box::new(snapshots.borrow().as_ref().clone()),
+        },
+        Ok(Request::Clear { .. }) if !root => Response::Error {
+            message: "clearing faults needs root".into(),
+        },
+        Ok(Request::Clear { selector }) => match core.clear(selector).await {
+            Some(faults) => Response::Cleared { faults },
+            None => Response::Error {
+                message: "the daemon is stopping".into(),
+            },
         },
         Err(e) => Response::Error {
             message: format!("bad request: {e}"),

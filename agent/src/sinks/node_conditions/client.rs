@@ -1,0 +1,236 @@
+//! Talking to the API server: connecting with the kubelet's kubeconfig (exec credential
+//! plugins included) or in-cluster config, and the four calls the sink makes, with errors
+//! that name the verb and resource.
+
+use std::path::Path;
+
+use k8s_openapi::api::core::v1::{Event, Node};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+
+/// Why the API server could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// No kubeconfig and not in a pod: standalone mode.
+    #[error("no kubeconfig at {path} and not running in a pod: standalone mode")]
+    NotConfigured {
+        /// The kubeconfig looked for.
+        path: String,
+    },
+    /// The kubeconfig could not be used.
+    #[error("kubeconfig {path}: {reason}")]
+    Config {
+        /// The kubeconfig.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// 401: the credentials were rejected.
+    #[error(
+        "{verb} {resource}: 401 Unauthorized: the API server rejected the credentials ({message})"
+    )]
+    Unauthorized {
+        /// HTTP verb.
+        verb: &'static str,
+        /// Resource path (`nodes/NAME/status`).
+        resource: String,
+        /// The server's message.
+        message: String,
+    },
+    /// 403: RBAC denies the call.
+    #[error("{verb} {resource}: 403 Forbidden: RBAC denies it; the node identity needs patch on nodes/status and create/patch on events ({message})")]
+    Forbidden {
+        /// HTTP verb.
+        verb: &'static str,
+        /// Resource path.
+        resource: String,
+        /// The server's message.
+        message: String,
+    },
+    /// Any other status from the server.
+    #[error("{verb} {resource}: {code} {reason}: {message}")]
+    Status {
+        /// HTTP verb.
+        verb: &'static str,
+        /// Resource path.
+        resource: String,
+        /// HTTP status code.
+        code: u16,
+        /// The Status reason (`NotFound`, `Conflict`, ...).
+        reason: String,
+        /// The server's message.
+        message: String,
+    },
+    /// No answer (connection refused, timeout, TLS).
+    #[error("{verb} {resource}: API server unreachable: {reason}")]
+    Unreachable {
+        /// HTTP verb.
+        verb: &'static str,
+        /// Resource path.
+        resource: String,
+        /// What failed.
+        reason: String,
+    },
+}
+
+impl ApiError {
+    /// The HTTP status, where the server answered.
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            Self::Unauthorized { .. } => Some(401),
+            Self::Forbidden { .. } => Some(403),
+            Self::Status { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    /// Metric labels: verb and code (`none` when the server did not answer).
+    pub fn labels(&self) -> (&'static str, String) {
+        let verb = match self {
+            Self::Unauthorized { verb, .. }
+            | Self::Forbidden { verb, .. }
+            | Self::Status { verb, .. }
+            | Self::Unreachable { verb, .. } => verb,
+            Self::NotConfigured { .. } | Self::Config { .. } => "CONNECT",
+        };
+        (
+            verb,
+            self.code()
+                .map_or_else(|| "none".to_string(), |c| c.to_string()),
+        )
+    }
+
+    fn from_kube(verb: &'static str, resource: String, e: kube::Error) -> Self {
+        match e {
+            kube::Error::Api(status) => {
+                let message = status.message.clone();
+                match status.code {
+                    401 => Self::Unauthorized {
+                        verb,
+                        resource,
+                        message,
+                    },
+                    403 => Self::Forbidden {
+                        verb,
+                        resource,
+                        message,
+                    },
+                    code => Self::Status {
+                        verb,
+                        resource,
+                        code,
+                        reason: status.reason.clone(),
+                        message,
+                    },
+                }
+            }
+            other => Self::Unreachable {
+                verb,
+                resource,
+                reason: other.to_string(),
+            },
+        }
+    }
+}
+
+/// Connect: the kubeconfig at `path` if it exists, else in-cluster config when running in
+/// a pod, else [`ApiError::NotConfigured`].
+pub async fn connect(path: &Path) -> Result<Client, ApiError> {
+    let shown = path.display().to_string();
+    let config_err = |reason: String| ApiError::Config {
+        path: shown.clone(),
+        reason,
+    };
+    let config = if path.exists() {
+        let kubeconfig = Kubeconfig::read_from(path).map_err(|e| config_err(e.to_string()))?;
+        Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| config_err(e.to_string()))?
+    } else if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
+        Config::incluster().map_err(|e| config_err(format!("in-cluster config: {e}")))?
+    } else {
+        return Err(ApiError::NotConfigured { path: shown });
+    };
+    Client::try_from(config).map_err(|e| config_err(e.to_string()))
+}
+
+/// The calls the sink makes.
+#[derive(Clone)]
+pub struct NodeApi {
+    nodes: Api<Node>,
+    events: Api<Event>,
+    node: String,
+}
+
+impl NodeApi {
+    /// For node `node`; Node events live in the `default` namespace (as the kubelet's do).
+    pub fn new(client: Client, node: &str) -> Self {
+        Self {
+            nodes: Api::all(client.clone()),
+            events: Api::namespaced(client, "default"),
+            node: node.to_string(),
+        }
+    }
+
+    /// The node name.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// GET the node; returns `(uid, conditions as JSON)`.
+    pub async fn get(&self) -> Result<(String, Vec<serde_json::Value>), ApiError> {
+        let node = self
+            .nodes
+            .get(&self.node)
+            .await
+            .map_err(|e| ApiError::from_kube("GET", format!("nodes/{}", self.node), e))?;
+        let uid = node.metadata.uid.clone().unwrap_or_default();
+        let conditions =
+            serde_json::to_value(node.status.and_then(|s| s.conditions).unwrap_or_default())
+                .ok()
+                .and_then(|v| v.as_array().cloned())
+                .unwrap_or_default();
+        Ok((uid, conditions))
+    }
+
+    /// Strategic-merge PATCH of `nodes/NAME/status`.
+    pub async fn patch_status(&self, body: &serde_json::Value) -> Result<(), ApiError> {
+        self.nodes
+            .patch_status(&self.node, &PatchParams::default(), &Patch::Strategic(body))
+            .await
+            .map(|_| ())
+            .map_err(|e| ApiError::from_kube("PATCH", format!("nodes/{}/status", self.node), e))
+    }
+
+    /// POST an Event.
+    pub async fn create_event(&self, event: &serde_json::Value) -> Result<(), ApiError> {
+        let name = event["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let typed: Event = serde_json::from_value(event.clone()).map_err(|e| ApiError::Status {
+            verb: "POST",
+            resource: format!("events/{name}"),
+            code: 0,
+            reason: "Encode".into(),
+            message: e.to_string(),
+        })?;
+        self.events
+            .create(&PostParams::default(), &typed)
+            .await
+            .map(|_| ())
+            .map_err(|e| ApiError::from_kube("POST", "namespaces/default/events".into(), e))
+    }
+
+    /// Merge-PATCH an Event (count, timestamps, message).
+    pub async fn patch_event(&self, name: &str, body: &serde_json::Value) -> Result<(), ApiError> {
+        self.events
+            .patch(name, &PatchParams::default(), &Patch::Merge(body))
+            .await
+            .map(|_| ())
+            .map_err(|e| {
+                ApiError::from_kube("PATCH", format!("namespaces/default/events/{name}"), e)
+            })
+    }
+}

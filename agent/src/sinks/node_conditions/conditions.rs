@@ -1,0 +1,232 @@
+//! The conditions gpu-agent owns on its Node, computed from a health snapshot. Pure: no
+//! Kubernetes types, so the contract is unit-tested.
+
+use std::time::SystemTime;
+
+use crate::model::{Fault, HealthSnapshot, Severity};
+
+/// Longest condition message written (the API server accepts more; `kubectl describe`
+/// readers do not).
+const MAX_MESSAGE: usize = 1024;
+
+/// Names of the conditions this agent owns (configurable, to run beside the EKS agent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConditionTypes {
+    /// GPU health: `AcceleratedHardwareReady`.
+    pub hardware: String,
+    /// A pending end of the instance: `InterruptionPending`.
+    pub interruption: String,
+}
+
+/// One condition as gpu-agent wants it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Desired {
+    /// Condition type.
+    pub type_: String,
+    /// `"True"` or `"False"`.
+    pub status: &'static str,
+    /// Reason (CamelCase).
+    pub reason: String,
+    /// Human message.
+    pub message: String,
+}
+
+/// The conditions for `snapshot`.
+pub fn desired(snapshot: &HealthSnapshot, types: &ConditionTypes) -> Vec<Desired> {
+    vec![
+        hardware(snapshot, &types.hardware),
+        interruption(snapshot, &types.interruption),
+    ]
+}
+
+fn describe(f: &Fault) -> String {
+    let place = match (f.gpu_index, f.component) {
+        (Some(i), crate::model::Component::Gpu { pci }) => format!("GPU {i} ({pci})"),
+        (_, crate::model::Component::Gpu { pci }) => format!("GPU {pci}"),
+        (_, crate::model::Component::Nvswitch { pci }) => format!("NVSwitch {pci}"),
+        (_, crate::model::Component::Node) => "node".to_string(),
+    };
+    format!(
+        "{place}: {} {}, action {}",
+        f.code, f.class.name, f.class.action
+    )
+}
+
+fn hardware(snapshot: &HealthSnapshot, type_: &str) -> Desired {
+    let fatal: Vec<&Fault> = snapshot
+        .faults
+        .iter()
+        .filter(|f| f.class.severity == Severity::Fatal)
+        .collect();
+    match fatal.first() {
+        Some(worst) => Desired {
+            type_: type_.to_string(),
+            status: "False",
+            reason: worst.reason(),
+            message: truncate(
+                &fatal
+                    .iter()
+                    .map(|f| describe(f))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            ),
+        },
+        None => Desired {
+            type_: type_.to_string(),
+            status: "True",
+            reason: "NvidiaGPUIsReady".into(),
+            message: format!("{} GPUs, no fatal fault", snapshot.gpus.len()),
+        },
+    }
+}
+
+fn interruption(snapshot: &HealthSnapshot, type_: &str) -> Desired {
+    match &snapshot.pending_end {
+        Some(end) => Desired {
+            type_: type_.to_string(),
+            status: "True",
+            reason: camel(&end.kind) + "Pending",
+            message: truncate(&format!(
+                "{} ends at {}: {}",
+                end.kind,
+                crate::model::time::rfc3339(end.deadline),
+                end.detail
+            )),
+        },
+        None => Desired {
+            type_: type_.to_string(),
+            status: "False",
+            reason: "NoInterruptionPending".into(),
+            message:
+                "no Spot notice, scheduled maintenance, Capacity Block end or shutdown pending"
+                    .into(),
+        },
+    }
+}
+
+/// `capacity-block` -> `CapacityBlock`.
+fn camel(kebab: &str) -> String {
+    kebab
+        .split(['-', '_'])
+        .map(|w| {
+            let mut c = w.chars();
+            c.next().map_or(String::new(), |f| {
+                f.to_uppercase().collect::<String>() + c.as_str()
+            })
+        })
+        .collect()
+}
+
+fn truncate(text: &str) -> String {
+    if text.len() <= MAX_MESSAGE {
+        return text.to_string();
+    }
+    let mut end = MAX_MESSAGE;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// The strategic-merge patch of `status.conditions` for `conditions` (merged by `type` on
+/// the server, so conditions we do not own are untouched). `transition` gives each
+/// condition's `lastTransitionTime`.
+pub fn patch(conditions: &[(Desired, SystemTime)], now: SystemTime) -> serde_json::Value {
+    let now = crate::model::time::rfc3339(now);
+    let list: Vec<serde_json::Value> = conditions
+        .iter()
+        .map(|(c, transition)| {
+            serde_json::json!({
+                "type": c.type_,
+                "status": c.status,
+                "reason": c.reason,
+                "message": c.message,
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": crate::model::time::rfc3339(*transition),
+            })
+        })
+        .collect();
+    serde_json::json!({ "status": { "conditions": list } })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::HealthModel;
+    use crate::model::{KmsgStats, Observation, PendingEnd};
+    use std::time::Duration;
+
+    fn types() -> ConditionTypes {
+        ConditionTypes {
+            hardware: "AcceleratedHardwareReady".into(),
+            interruption: "InterruptionPending".into(),
+        }
+    }
+
+    #[test]
+    fn healthy_then_fatal() {
+        let mut model = HealthModel::new(
+            "n",
+            "b",
+            crate::host::NvidiaDevices::default(),
+            Duration::from_secs(60),
+        );
+        let d = desired(&model.snapshot(KmsgStats::default()), &types());
+        assert_eq!(
+            (d[0].status, d[0].reason.as_str()),
+            ("True", "NvidiaGPUIsReady")
+        );
+        assert_eq!(
+            (d[1].status, d[1].reason.as_str()),
+            ("False", "NoInterruptionPending")
+        );
+        for line in [
+            "NVRM: Xid (PCI:0000:3b:00): 13, Graphics Exception",
+            "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.",
+        ] {
+            let r = crate::sources::kmsg::report(
+                line,
+                None,
+                SystemTime::now(),
+                crate::catalog::DriverBranch::Unknown,
+            )
+            .expect("fault");
+            model.apply(Observation::Fault(r));
+        }
+        let d = desired(&model.snapshot(KmsgStats::default()), &types());
+        assert_eq!(
+            (d[0].status, d[0].reason.as_str()),
+            ("False", "NvidiaXID79Error")
+        );
+        assert_eq!(
+            d[0].message,
+            "GPU 0000:3b:00.0: Xid 79 ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS, action reboot"
+        );
+    }
+
+    #[test]
+    fn pending_end_sets_interruption() {
+        let model = HealthModel::new(
+            "n",
+            "b",
+            crate::host::NvidiaDevices::default(),
+            Duration::from_secs(60),
+        );
+        let mut s = model.snapshot(KmsgStats::default());
+        s.pending_end = Some(PendingEnd {
+            kind: "capacity-block".into(),
+            deadline: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+            detail: "cr-123".into(),
+        });
+        let d = desired(&s, &types());
+        assert_eq!(
+            (d[1].status, d[1].reason.as_str()),
+            ("True", "CapacityBlockPending")
+        );
+        assert!(
+            d[1].message.contains("2027-01-15T08:00:00Z"),
+            "{}",
+            d[1].message
+        );
+    }
+}

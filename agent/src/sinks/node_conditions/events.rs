@@ -1,0 +1,184 @@
+//! Node Events for warning and fatal faults: one Event per fault, with a deterministic name,
+//! updated with the fault's count rather than a new Event per occurrence.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::model::{Fault, Severity};
+
+/// A repeating fault's Event is updated at most this often.
+pub const UPDATE_EVERY: Duration = Duration::from_secs(10);
+
+/// What was last sent for each fault's Event.
+#[derive(Debug, Default)]
+pub struct Posted {
+    sent: HashMap<String, (u64, Instant)>,
+}
+
+/// An Event to create or update.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EventWrite {
+    /// Create it (or, if it already exists, update it).
+    Create {
+        /// Its name.
+        name: String,
+        /// The whole Event.
+        body: serde_json::Value,
+        /// The fault's count.
+        count: u64,
+    },
+    /// Update its count and timestamps.
+    Update {
+        /// Its name.
+        name: String,
+        /// Merge patch.
+        body: serde_json::Value,
+        /// The fault's count.
+        count: u64,
+    },
+}
+
+impl EventWrite {
+    /// The Event's name.
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Create { name, .. } | Self::Update { name, .. } => name,
+        }
+    }
+}
+
+/// Deterministic Event name for a fault on a node (so a restarted agent finds its Event).
+fn event_name(node: &str, fault: &Fault) -> String {
+    // FNV-1a over the fault's identity: stable across runs and builds.
+    let key = format!("{:?}|{:?}", fault.component, fault.code);
+    let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("{node}.gpu-agent.{hash:016x}")
+}
+
+impl Posted {
+    /// The writes needed to bring Events up to date with `faults`.
+    pub fn pending(
+        &self,
+        node: &str,
+        node_uid: &str,
+        faults: &[Fault],
+        now: Instant,
+    ) -> Vec<EventWrite> {
+        let mut out = Vec::new();
+        for f in faults
+            .iter()
+            .filter(|f| f.class.severity >= Severity::Warning)
+        {
+            let name = event_name(node, f);
+            let last = crate::model::time::rfc3339(f.last_seen);
+            let message = format!(
+                "{}: {} ({}), action {}: {}",
+                f.label(),
+                f.class.name,
+                f.class.severity,
+                f.class.action,
+                f.detail
+            );
+            match self.sent.get(&name) {
+                None => out.push(EventWrite::Create {
+                    body: serde_json::json!({
+                        "apiVersion": "v1",
+                        "kind": "Event",
+                        "metadata": { "name": name, "namespace": "default" },
+                        "involvedObject": { "apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid },
+                        "reason": f.reason(),
+                        "message": message,
+                        "type": if f.class.severity == Severity::Fatal { "Warning" } else { "Normal" },
+                        "count": f.count,
+                        "firstTimestamp": crate::model::time::rfc3339(f.first_seen),
+                        "lastTimestamp": last,
+                        "source": { "component": "gpu-agent", "host": node },
+                        "reportingComponent": "gpu-agent",
+                        "reportingInstance": node,
+                    }),
+                    name,
+                    count: f.count,
+                }),
+                Some((count, at)) if f.count > *count && now.duration_since(*at) >= UPDATE_EVERY => {
+                    out.push(EventWrite::Update {
+                        body: serde_json::json!({ "count": f.count, "lastTimestamp": last, "message": message }),
+                        name,
+                        count: f.count,
+                    });
+                }
+                Some(_) => {}
+            }
+        }
+        out
+    }
+
+    /// Record a successful write.
+    pub fn sent(&mut self, name: &str, count: u64, now: Instant) {
+        self.sent.insert(name.to_string(), (count, now));
+    }
+
+    /// Forget Events whose faults are gone (bounded by the model's fault limit).
+    pub fn retain(&mut self, node: &str, faults: &[Fault]) {
+        let live: std::collections::HashSet<String> =
+            faults.iter().map(|f| event_name(node, f)).collect();
+        self.sent.retain(|name, _| live.contains(name));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::HealthModel;
+    use crate::model::{KmsgStats, Observation};
+    use std::time::SystemTime;
+
+    #[test]
+    fn one_event_per_fault_updated_not_duplicated() {
+        let mut model = HealthModel::new(
+            "n",
+            "b",
+            crate::host::NvidiaDevices::default(),
+            Duration::from_secs(60),
+        );
+        let line = "NVRM: Xid (PCI:0000:3b:00): 95, pid=1, Uncontained";
+        let add = |m: &mut HealthModel| {
+            let r = crate::sources::kmsg::report(
+                line,
+                None,
+                SystemTime::now(),
+                crate::catalog::DriverBranch::Unknown,
+            )
+            .expect("fault");
+            m.apply(Observation::Fault(r));
+        };
+        add(&mut model);
+        let mut posted = Posted::default();
+        let t0 = Instant::now();
+        let faults = model.snapshot(KmsgStats::default()).faults;
+        let writes = posted.pending("node-a", "uid", &faults, t0);
+        assert_eq!(writes.len(), 1);
+        let EventWrite::Create { body, name, count } = &writes[0] else {
+            panic!("create first")
+        };
+        assert_eq!(body["reason"], "NvidiaXID95Error");
+        assert_eq!(body["involvedObject"]["kind"], "Node");
+        posted.sent(name, *count, t0);
+        for _ in 0..1000 {
+            add(&mut model);
+        }
+        let faults = model.snapshot(KmsgStats::default()).faults;
+        assert!(
+            posted
+                .pending("node-a", "uid", &faults, t0 + Duration::from_secs(1))
+                .is_empty(),
+            "rate-limited"
+        );
+        let writes = posted.pending("node-a", "uid", &faults, t0 + UPDATE_EVERY);
+        assert!(
+            matches!(&writes[..], [EventWrite::Update { count: 1001, .. }]),
+            "{writes:?}"
+        );
+    }
+}

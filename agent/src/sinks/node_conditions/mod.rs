@@ -1,0 +1,297 @@
+//! The node-conditions sink: sets the Node conditions gpu-agent owns
+//! (`AcceleratedHardwareReady`, `InterruptionPending`) on the EKS node monitoring agent's
+//! contract, and records every warning and fatal fault as a Node Event.
+//!
+//! Changes are debounced (a burst becomes one PATCH) and reach the API server within the
+//! debounce; a heartbeat refreshes `lastHeartbeatTime`. When the API server is down or slow
+//! the desired state is kept (only the latest matters, so memory is bounded) and retried with
+//! backoff until it converges. No kubeconfig and not in a pod: standalone, reported once.
+
+mod client;
+mod conditions;
+mod events;
+mod metrics;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::sync::{mpsc, watch};
+
+pub use client::{connect, ApiError, NodeApi};
+pub use conditions::{desired, ConditionTypes, Desired};
+pub use metrics::SinkMetrics;
+
+use crate::model::{HealthSnapshot, Observation, SinkStatus, SourceState};
+use crate::shutdown::Shutdown;
+
+/// Slowest retry when the API server keeps failing.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+const MIN_BACKOFF: Duration = Duration::from_millis(200);
+
+/// What the sink needs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Kubeconfig path (the kubelet's by default).
+    pub kubeconfig: PathBuf,
+    /// This node's name.
+    pub node: String,
+    /// Condition type names.
+    pub types: ConditionTypes,
+    /// How long a burst of changes is gathered before one PATCH.
+    pub debounce: Duration,
+    /// How often `lastHeartbeatTime` is refreshed with no change.
+    pub heartbeat: Duration,
+    /// Post Node Events.
+    pub events: bool,
+}
+
+/// What the server is known to hold for one owned condition.
+#[derive(Debug, Clone, PartialEq)]
+struct Known {
+    desired: Desired,
+    transition: SystemTime,
+}
+
+struct Writer {
+    api: NodeApi,
+    settings: Settings,
+    metrics: SinkMetrics,
+    node_uid: Option<String>,
+    known: HashMap<String, Known>,
+    posted: events::Posted,
+}
+
+impl Writer {
+    /// Learn what the server holds for our conditions (their transition times).
+    async fn refresh(&mut self) -> Result<(), ApiError> {
+        let (uid, conditions) = self.api.get().await?;
+        self.node_uid = Some(uid);
+        self.known.clear();
+        for c in conditions {
+            let type_ = c["type"].as_str().unwrap_or_default().to_string();
+            if type_ != self.settings.types.hardware && type_ != self.settings.types.interruption {
+                continue;
+            }
+            let transition = c["lastTransitionTime"]
+                .as_str()
+                .and_then(|t| humantime::parse_rfc3339_weak(t.trim_end_matches('Z')).ok())
+                .unwrap_or_else(SystemTime::now);
+            let status = if c["status"] == "True" {
+                "True"
+            } else {
+                "False"
+            };
+            let desired = Desired {
+                type_: type_.clone(),
+                status,
+                reason: c["reason"].as_str().unwrap_or_default().to_string(),
+                message: c["message"].as_str().unwrap_or_default().to_string(),
+            };
+            self.known.insert(
+                type_,
+                Known {
+                    desired,
+                    transition,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Bring the server in line with `snapshot`. `heartbeat` forces a PATCH.
+    async fn sync(&mut self, snapshot: &HealthSnapshot, heartbeat: bool) -> Result<(), ApiError> {
+        if self.node_uid.is_none() {
+            self.refresh().await?;
+        }
+        let now = SystemTime::now();
+        let want = desired(snapshot, &self.settings.types);
+        let changed = want
+            .iter()
+            .any(|d| self.known.get(&d.type_).map(|k| &k.desired) != Some(d));
+        if changed || heartbeat {
+            let with_times: Vec<(Desired, SystemTime)> = want
+                .iter()
+                .map(|d| {
+                    let transition = match self.known.get(&d.type_) {
+                        Some(k) if k.desired.status == d.status => k.transition,
+                        _ => now,
+                    };
+                    (d.clone(), transition)
+                })
+                .collect();
+            let started = Instant::now();
+            let result = self
+                .api
+                .patch_status(&conditions::patch(&with_times, now))
+                .await;
+            self.metrics
+                .patch_seconds
+                .observe(started.elapsed().as_secs_f64());
+            if let Err(e) = result {
+                // Re-read the server's state before the next attempt.
+                self.node_uid = None;
+                return Err(e);
+            }
+            for (d, transition) in with_times {
+                for status in ["True", "False"] {
+                    let labels = metrics::ConditionLabels {
+                        r#type: d.type_.clone(),
+                        status: status.to_string(),
+                    };
+                    self.metrics
+                        .condition
+                        .get_or_create(&labels)
+                        .set(i64::from(d.status == status));
+                }
+                if self.known.get(&d.type_).map(|k| &k.desired) != Some(&d) {
+                    tracing::info!(condition = %d.type_, status = d.status, reason = %d.reason, "Node condition set.");
+                }
+                self.known.insert(
+                    d.type_.clone(),
+                    Known {
+                        desired: d,
+                        transition,
+                    },
+                );
+            }
+        }
+        if self.settings.events {
+            self.write_events(snapshot).await?;
+        }
+        Ok(())
+    }
+
+    async fn write_events(&mut self, snapshot: &HealthSnapshot) -> Result<(), ApiError> {
+        let node = self.api.node().to_string();
+        let uid = self.node_uid.clone().unwrap_or_default();
+        let now = Instant::now();
+        self.posted.retain(&node, &snapshot.faults);
+        for write in self.posted.pending(&node, &uid, &snapshot.faults, now) {
+            let result = match &write {
+                events::EventWrite::Create { body, name, count } => {
+                    match self.api.create_event(body).await {
+                        // Already there (a restarted agent): update it instead.
+                        Err(e) if e.code() == Some(409) => {
+                            let patch = serde_json::json!({ "count": count, "lastTimestamp": body["lastTimestamp"], "message": body["message"] });
+                            self.api.patch_event(name, &patch).await
+                        }
+                        other => other,
+                    }
+                }
+                events::EventWrite::Update { name, body, .. } => {
+                    self.api.patch_event(name, body).await
+                }
+            };
+            result?;
+            let count = match &write {
+                events::EventWrite::Create { count, .. }
+                | events::EventWrite::Update { count, .. } => *count,
+            };
+            self.posted.sent(write.name(), count, now);
+        }
+        Ok(())
+    }
+}
+
+/// Run until shutdown. `status` carries the sink's state to the core (shown by `status`).
+pub async fn run(
+    settings: Settings,
+    metrics: SinkMetrics,
+    mut snapshots: watch::Receiver<Arc<HealthSnapshot>>,
+    status: mpsc::Sender<Observation>,
+    mut shutdown: Shutdown,
+) {
+    let report = |state: SourceState| {
+        let status = status.clone();
+        async move {
+            let _ = status
+                .send(Observation::Sink(SinkStatus {
+                    sink: "kubernetes".into(),
+                    state,
+                }))
+                .await;
+        }
+    };
+    let client = match connect(&settings.kubeconfig).await {
+        Ok(client) => client,
+        Err(e) => {
+            tracing::info!(reason = %e, "Kubernetes sink is off.");
+            report(SourceState::Off(e.to_string())).await;
+            return;
+        }
+    };
+    tracing::info!(node = %settings.node, "Writing node conditions.");
+    let mut writer = Writer {
+        api: NodeApi::new(client, &settings.node),
+        settings: settings.clone(),
+        metrics,
+        node_uid: None,
+        known: HashMap::new(),
+        posted: events::Posted::default(),
+    };
+    let mut due: Option<Instant> = Some(Instant::now());
+    let mut next_heartbeat = Instant::now() + settings.heartbeat;
+    let mut backoff = MIN_BACKOFF;
+    let mut last_error: Option<String> = None;
+    let mut reported_on = false;
+    loop {
+        let wake = due.map_or(next_heartbeat, |d| d.min(next_heartbeat));
+        tokio::select! {
+            changed = snapshots.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                // Debounce: the first change of a burst sets the deadline; later ones join it.
+                if due.is_none() {
+                    due = Some(Instant::now() + settings.debounce);
+                }
+                continue;
+            }
+            () = tokio::time::sleep_until(wake.into()) => {}
+            () = shutdown.wait() => return,
+        }
+        let now = Instant::now();
+        let heartbeat = now >= next_heartbeat;
+        if !heartbeat && due.is_some_and(|d| d > now) {
+            continue;
+        }
+        let snapshot = Arc::clone(&snapshots.borrow_and_update());
+        match writer.sync(&snapshot, heartbeat).await {
+            Ok(()) => {
+                due = None;
+                backoff = MIN_BACKOFF;
+                if heartbeat {
+                    next_heartbeat = now + settings.heartbeat;
+                }
+                if last_error.take().is_some() || !reported_on {
+                    report(SourceState::On).await;
+                    reported_on = true;
+                }
+            }
+            Err(e) => {
+                let (verb, code) = e.labels();
+                writer
+                    .metrics
+                    .errors
+                    .get_or_create(&metrics::ErrorLabels {
+                        verb: verb.into(),
+                        code,
+                    })
+                    .inc();
+                let message = e.to_string();
+                if last_error.as_deref() != Some(&message) {
+                    tracing::warn!(error = %message, retry_in = ?backoff, "Cannot update the node; keeping the desired state and retrying.");
+                    report(SourceState::Failed(message.clone())).await;
+                    last_error = Some(message);
+                }
+                due = Some(now + backoff);
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                if heartbeat {
+                    next_heartbeat = now + settings.heartbeat;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,395 @@
+//! The real daemon against the test Kubernetes API server: conditions on the EKS contract,
+//! events, latency, outages, auth failures, and the fault lifecycle.
+
+use std::time::{Duration, Instant};
+
+use gpu_agent_e2e::kube_api::{KubeApi, Mode};
+use gpu_agent_e2e::{cli, inject, Agent, Host, NvmlScenario};
+use serde_json::Value;
+
+const NODE: &str = "gpu-node-1";
+const HW: &str = "AcceleratedHardwareReady";
+
+fn wait(timeout: Duration, what: &str, mut pred: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !pred() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn k8s_config(host: &Host, api: &KubeApi, extra: &str) -> String {
+    format!(
+        "node_name = \"{NODE}\"\n[kubernetes]\nkubeconfig = {:?}\nheartbeat_interval = \"1s\"\n{extra}",
+        api.kubeconfig(host.dir.path())
+    )
+}
+
+fn sink_state(agent: &Agent) -> Value {
+    let s = agent.snapshot().expect("snapshot");
+    s["sinks"]
+        .as_array()
+        .and_then(|a| a.iter().find(|x| x["sink"] == "kubernetes").cloned())
+        .unwrap_or(Value::Null)
+}
+
+#[test]
+fn nvml_faults_set_and_clear_the_condition_on_the_eks_contract() {
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    // Kernel log off: this daemon's faults are only the ones this test makes.
+    let config = k8s_config(&host, &api, "[kmsg]\nenabled = false\n");
+    let agent = host.start_with_nvml(&NvmlScenario::healthy(), &config);
+    wait(Duration::from_secs(5), "condition True", || {
+        api.condition(NODE, HW)
+            .is_some_and(|c| c["status"] == "True")
+    });
+    let c = api.condition(NODE, HW).expect("condition");
+    assert_eq!(c["reason"], "NvidiaGPUIsReady");
+    let healthy_since = c["lastTransitionTime"].clone();
+    let interruption = api
+        .condition(NODE, "InterruptionPending")
+        .expect("interruption condition");
+    assert_eq!(
+        (
+            interruption["status"].as_str(),
+            interruption["reason"].as_str()
+        ),
+        (Some("False"), Some("NoInterruptionPending"))
+    );
+
+    NvmlScenario::healthy()
+        .gpu(3, "remap.failure = true\nremap.uncorrectable = 9")
+        .write(&host);
+    wait(Duration::from_secs(3), "condition False", || {
+        api.condition(NODE, HW)
+            .is_some_and(|c| c["status"] == "False")
+    });
+    let c = api.condition(NODE, HW).expect("condition");
+    assert_eq!(c["reason"], "NvidiaRowRemapFailure");
+    let bdf = format!("{:04x}:5d:00.0", host.domain);
+    assert_eq!(
+        c["message"],
+        format!("GPU 3 ({bdf}): remap-failure ROW_REMAP_FAILURE, action replace")
+    );
+    let failed_at = c["lastTransitionTime"].clone();
+    let heartbeat = c["lastHeartbeatTime"].clone();
+
+    // The heartbeat moves lastHeartbeatTime, never lastTransitionTime.
+    wait(Duration::from_secs(4), "heartbeat", || {
+        api.condition(NODE, HW)
+            .is_some_and(|c| c["lastHeartbeatTime"] != heartbeat)
+    });
+    assert_eq!(
+        api.condition(NODE, HW).expect("condition")["lastTransitionTime"],
+        failed_at
+    );
+
+    // The kubelet's condition is untouched; every PATCH was a strategic merge.
+    let ready = api.condition(NODE, "Ready").expect("Ready");
+    assert_eq!(
+        (
+            ready["reason"].as_str(),
+            ready["lastHeartbeatTime"].as_str()
+        ),
+        (Some("KubeletReady"), Some("2026-01-01T00:00:00Z"))
+    );
+    for r in api
+        .requests()
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path.ends_with("/status"))
+    {
+        assert_eq!(r.content_type, "application/strategic-merge-patch+json");
+    }
+
+    // The fault is a Node Event with the same reason.
+    wait(Duration::from_secs(3), "event", || {
+        api.events()
+            .iter()
+            .any(|e| e["reason"] == "NvidiaRowRemapFailure")
+    });
+    let event = api
+        .events()
+        .into_iter()
+        .find(|e| e["reason"] == "NvidiaRowRemapFailure")
+        .expect("event");
+    assert_eq!(
+        (
+            event["involvedObject"]["kind"].as_str(),
+            event["involvedObject"]["name"].as_str()
+        ),
+        (Some("Node"), Some(NODE))
+    );
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(event["involvedObject"]["uid"], "uid-0");
+
+    // Healthy again: True, with a new transition time.
+    NvmlScenario::healthy().write(&host);
+    wait(Duration::from_secs(3), "condition True again", || {
+        api.condition(NODE, HW)
+            .is_some_and(|c| c["status"] == "True")
+    });
+    assert_ne!(
+        api.condition(NODE, HW).expect("condition")["lastTransitionTime"],
+        healthy_since
+    );
+    assert_eq!(sink_state(&agent)["state"], "on");
+    assert!(agent.stop().success());
+}
+
+#[test]
+fn a_kernel_log_xid_reaches_the_api_server_within_a_second_and_a_flood_is_one_patch() {
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    let agent = Agent::start(&host.config(&k8s_config(&host, &api, "")), &host.socket());
+    wait(Duration::from_secs(5), "first write", || {
+        api.condition(NODE, HW).is_some()
+    });
+    let bdf = format!("{}.0", host.gpu_bdf(3));
+    let ours =
+        format!("GPU 3 ({bdf}): Xid 79 ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS, action reboot");
+
+    let started = Instant::now();
+    inject(&format!(
+        "NVRM: Xid (PCI:{}): 79, pid=1, name=x, GPU has fallen off the bus.",
+        host.gpu_bdf(3)
+    ));
+    wait(
+        Duration::from_secs(1),
+        "Xid 79 on the condition within 1 s",
+        || {
+            api.condition(NODE, HW).is_some_and(|c| {
+                c["status"] == "False" && c["message"].as_str().is_some_and(|m| m.contains(&ours))
+            })
+        },
+    );
+    eprintln!("kernel log -> node condition: {:?}", started.elapsed());
+
+    // A flood of identical lines: no per-line requests.
+    let patches_before = api
+        .requests()
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path.ends_with("/status"))
+        .count();
+    let line = format!(
+        "NVRM: Xid (PCI:{}): 95, pid=3, name=x, Uncontained",
+        host.gpu_bdf(2)
+    );
+    for _ in 0..200 {
+        inject(&line);
+    }
+    // One Event for the fault, its count aggregated (other tests' faults have their own).
+    let ours95 = "GPU 2 Xid 95";
+    let our_event = |api: &KubeApi| {
+        api.events().into_iter().find(|e| {
+            e["reason"] == "NvidiaXID95Error"
+                && e["message"].as_str().is_some_and(|m| m.starts_with(ours95))
+        })
+    };
+    wait(Duration::from_secs(3), "the Xid 95 Event", || {
+        our_event(&api).is_some()
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let patches = api
+        .requests()
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path.ends_with("/status"))
+        .count()
+        - patches_before;
+    let event = our_event(&api).expect("event");
+    let name = event["metadata"]["name"]
+        .as_str()
+        .expect("name")
+        .to_string();
+    let updates = api
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with(&format!("/events/{name}")))
+        .count();
+    assert!(
+        updates <= 1,
+        "{updates} updates of one Event during the flood (it is rate-limited, not per line)"
+    );
+    assert!(event["count"].as_u64().is_some_and(|c| c >= 1));
+    assert!(
+        patches <= 10,
+        "{patches} PATCH requests for a 200-line flood"
+    );
+    assert!(agent.stop().success());
+}
+
+#[test]
+fn outage_keeps_the_desired_state_and_converges() {
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    let agent = Agent::start(&host.config(&k8s_config(&host, &api, "")), &host.socket());
+    wait(Duration::from_secs(5), "first write", || {
+        api.condition(NODE, HW).is_some()
+    });
+    let (addr, state) = api.stop();
+
+    inject(&format!(
+        "NVRM: Xid (PCI:{}): 79, pid=1, name=x, GPU has fallen off the bus.",
+        host.gpu_bdf(5)
+    ));
+    let ours = format!("GPU 5 ({}.0): Xid 79", host.gpu_bdf(5));
+    agent.wait_for(Duration::from_secs(2), |s| {
+        s["sinks"].as_array().is_some_and(|a| {
+            a.iter()
+                .any(|x| x["sink"] == "kubernetes" && x["state"] == "failed")
+        })
+    });
+    assert!(
+        sink_state(&agent)["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("API server unreachable")),
+        "{}",
+        sink_state(&agent)
+    );
+    std::thread::sleep(Duration::from_secs(1));
+
+    let api = KubeApi::restart(addr, state);
+    wait(
+        Duration::from_secs(15),
+        "convergence after the outage",
+        || {
+            api.condition(NODE, HW)
+                .is_some_and(|c| c["message"].as_str().is_some_and(|m| m.contains(&ours)))
+        },
+    );
+    agent.wait_for(Duration::from_secs(5), |s| {
+        s["sinks"].as_array().is_some_and(|a| {
+            a.iter()
+                .any(|x| x["sink"] == "kubernetes" && x["state"] == "on")
+        })
+    });
+    assert!(agent.stop().success());
+}
+
+#[test]
+fn unauthorized_and_forbidden_are_reported_with_verb_and_resource() {
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    api.set_mode(Mode::Unauthorized);
+    let agent = Agent::start(&host.config(&k8s_config(&host, &api, "")), &host.socket());
+    agent.wait_for(Duration::from_secs(3), |s| {
+        s["sinks"][0]["state"] == "failed"
+    });
+    let reason = sink_state(&agent)["reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        reason.contains("GET nodes/gpu-node-1: 401 Unauthorized"),
+        "{reason}"
+    );
+
+    api.set_mode(Mode::Forbidden);
+    agent.wait_for(Duration::from_secs(5), |s| {
+        s["sinks"][0]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("403"))
+    });
+    let reason = sink_state(&agent)["reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        reason.contains("403 Forbidden")
+            && reason.contains("nodes/gpu-node-1")
+            && reason.contains("nodes/status"),
+        "{reason}"
+    );
+
+    api.set_mode(Mode::Normal);
+    agent.wait_for(Duration::from_secs(10), |s| s["sinks"][0]["state"] == "on");
+    assert!(api.condition(NODE, HW).is_some());
+    assert!(agent.stop().success());
+}
+
+#[test]
+fn unknown_node_and_missing_kubeconfig_degrade() {
+    let host = Host::new();
+    let api = KubeApi::start(&["another-node"]);
+    let agent = Agent::start(&host.config(&k8s_config(&host, &api, "")), &host.socket());
+    agent.wait_for(Duration::from_secs(3), |s| {
+        s["sinks"][0]["state"] == "failed"
+    });
+    assert!(
+        sink_state(&agent)["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("404 NotFound")),
+        "{}",
+        sink_state(&agent)
+    );
+    assert!(agent.stop().success());
+
+    let config = host.config("[kubernetes]\nkubeconfig = \"/nonexistent/kubeconfig\"\n");
+    let agent = Agent::start(&config, &host.socket());
+    agent.wait_for(Duration::from_secs(3), |s| s["sinks"][0]["state"] == "off");
+    assert!(sink_state(&agent)["reason"]
+        .as_str()
+        .is_some_and(|r| r.contains("standalone")));
+    let (code, _) = agent.status(false);
+    assert!(code <= 1, "status still works");
+    assert!(agent.stop().success());
+}
+
+#[test]
+fn a_fatal_fault_survives_restarts_and_an_operator_clears_it() {
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    let config = host.config(&k8s_config(&host, &api, ""));
+    let agent = Agent::start(&config, &host.socket());
+    inject(&format!(
+        "NVRM: Xid (PCI:{}): 54, pid=1, name=x, power reduced",
+        host.gpu_bdf(6)
+    ));
+    let ours = format!("GPU 6 ({}.0): Xid 54", host.gpu_bdf(6));
+    let has_ours = |api: &KubeApi| {
+        api.condition(NODE, HW)
+            .is_some_and(|c| c["message"].as_str().is_some_and(|m| m.contains(&ours)))
+    };
+    wait(Duration::from_secs(2), "Xid 54", || has_ours(&api));
+    assert!(agent.stop().success());
+
+    // Restart: still there (persisted), and still on the condition.
+    let agent = Agent::start(&config, &host.socket());
+    let s = agent.snapshot().expect("snapshot");
+    assert!(gpu_agent_e2e::fault(&s, &host, "xid", Some(54)).is_some());
+
+    // A new boot keeps a replace fault.
+    assert!(agent.stop().success());
+    host.set_boot_id("boot-2");
+    let agent = Agent::start(&config, &host.socket());
+    assert!(
+        gpu_agent_e2e::fault(&agent.snapshot().expect("snapshot"), &host, "xid", Some(54))
+            .is_some(),
+        "replace faults survive a reboot"
+    );
+
+    // The operator repaired it.
+    let (code, out, err) = cli(&[
+        "--config",
+        &config.to_string_lossy(),
+        "clear",
+        "GPU 6 Xid 54",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("cleared: GPU 6 Xid 54"), "{out}");
+    wait(Duration::from_secs(3), "cleared from the condition", || {
+        !has_ours(&api)
+    });
+    assert!(
+        gpu_agent_e2e::fault(&agent.snapshot().expect("snapshot"), &host, "xid", Some(54))
+            .is_none()
+    );
+    let (code, _, _) = cli(&[
+        "--config",
+        &config.to_string_lossy(),
+        "clear",
+        "GPU 6 Xid 54",
+    ]);
+    assert_eq!(code, 1, "nothing left to clear");
+    assert!(agent.stop().success());
+}
