@@ -37,6 +37,12 @@ pub enum Command {
     },
     /// Clear latched faults after a repair: by reason (NvidiaXID79Error), code (xid-79) or label, or --all. Needs root.
     Clear(ClearArgs),
+    /// Kubelet CPU, Topology and Memory Manager config from this host's topology (run at boot, before the kubelet).
+    KubeletConfig {
+        /// plan or apply.
+        #[command(subcommand)]
+        action: KubeletConfigAction,
+    },
     /// Print the built-in default config (the documented file installed at /etc/gpu-agent/config.toml).
     DefaultConfig,
 }
@@ -88,5 +94,31 @@ pub enum Inject {
         /// The NVSwitch's PCI address [default: the first NVSwitch, else 0000:05:00.0].
         #[arg(long, value_name = "BDF")]
         pci: Option<PciAddress>,
+    },
+}
+
+/// `gpu-agent kubelet-config`.
+#[derive(Debug, Subcommand)]
+pub enum KubeletConfigAction {
+    /// Print the plan, the reasoning and warnings; write nothing.
+    Plan {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        /// sysfs root [default: [sysfs] root].
+        #[arg(long, value_name = "PATH")]
+        sysfs_root: Option<PathBuf>,
+    },
+    /// Validate and write the config (idempotent; the previous file is kept as .bak).
+    Apply {
+        /// Show the diff, write nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// auto, nodeadm or kubelet-drop-in [default: [kubelet] target].
+        #[arg(long)]
+        target: Option<String>,
+        /// sysfs root [default: [sysfs] root].
+        #[arg(long, value_name = "PATH")]
+        sysfs_root: Option<PathBuf>,
     },
 }

@@ -37,6 +37,7 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), WriteError> {
             let _ = std::fs::remove_file(&backup);
             std::fs::hard_link(path, &backup).map_err(err(&backup))?;
         }
+        failpoint_before_rename(&tmp);
         std::fs::rename(&tmp, path).map_err(err(path))?;
         std::fs::File::open(dir)
             .and_then(|d| d.sync_all())
@@ -46,6 +47,15 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), WriteError> {
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// Test-only failpoint: with `GPU_AGENT_FAILPOINT=pause-before-rename` the writer announces
+/// the written temporary file on stderr and stops there, so a test can kill it mid-write.
+fn failpoint_before_rename(tmp: &Path) {
+    if std::env::var_os("GPU_AGENT_FAILPOINT").is_some_and(|v| v == "pause-before-rename") {
+        eprintln!("failpoint: paused before renaming {}", tmp.display());
+        std::thread::sleep(std::time::Duration::from_secs(60));
+    }
 }
 
 /// Where [`write_atomic`] keeps the previous version.

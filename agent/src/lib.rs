@@ -21,6 +21,7 @@ pub mod config;
 pub mod core;
 pub mod fsutil;
 pub mod host;
+pub mod kubelet_config;
 pub mod logging;
 pub mod model;
 pub mod shutdown;

@@ -62,6 +62,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Status(args) => commands::status::status(&loaded, args.json),
         Command::Check(args) => commands::check::check(&loaded, args.json),
         Command::Inject { what } => commands::inject::inject(&loaded, &what),
+        Command::KubeletConfig { action } => commands::kubelet_config::run(&loaded, &action),
         Command::Clear(args) => {
             commands::status::clear(&loaded, args.selector.filter(|_| !args.all))
         }

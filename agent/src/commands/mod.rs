@@ -2,6 +2,7 @@
 
 pub mod check;
 pub mod inject;
+pub mod kubelet_config;
 pub mod run;
 pub mod status;
 pub mod xid;

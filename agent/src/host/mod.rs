@@ -1,7 +1,9 @@
 //! Facts about the host read from sysfs and procfs (roots injectable for tests).
 
 mod boot;
+mod dmi;
 mod pci;
 
 pub use boot::{boot_id, boot_time, driver_branch};
+pub use dmi::instance_type;
 pub use pci::{nvidia_devices, NvidiaDevices, PciDevice};

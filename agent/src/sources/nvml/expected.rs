@@ -22,20 +22,12 @@ const INSTANCE_GPUS: &[(&str, u32)] = &[
     ("g4dn.12xlarge", 4),
 ];
 
-/// The instance type, from DMI (`<sysfs>/class/dmi/id/product_name` is the instance type on
-/// Nitro instances). No network.
-pub fn instance_type(sysfs_root: &Path) -> Option<String> {
-    let name = std::fs::read_to_string(sysfs_root.join("class/dmi/id/product_name")).ok()?;
-    let name = name.trim();
-    (!name.is_empty()).then(|| name.to_string())
-}
-
 /// Expected GPU count and where it came from: config, instance type, or the PCI bus.
 pub fn expected_gpus(configured: u32, sysfs_root: &Path, on_bus: usize) -> (u32, String) {
     if configured > 0 {
         return (configured, "[nvml] expected_gpus".into());
     }
-    if let Some(t) = instance_type(sysfs_root) {
+    if let Some(t) = crate::host::instance_type(sysfs_root) {
         if let Some((_, n)) = INSTANCE_GPUS.iter().find(|(name, _)| *name == t) {
             return (*n, format!("instance type {t}"));
         }
