@@ -43,6 +43,12 @@ pub enum Command {
         #[command(subcommand)]
         action: KubeletConfigAction,
     },
+    /// Fire drills.
+    Drill {
+        /// What to drill.
+        #[command(subcommand)]
+        what: Drill,
+    },
     /// Print the built-in default config (the documented file installed at /etc/gpu-agent/config.toml).
     DefaultConfig,
 }
@@ -120,5 +126,16 @@ pub enum KubeletConfigAction {
         /// sysfs root [default: [sysfs] root].
         #[arg(long, value_name = "PATH")]
         sysfs_root: Option<PathBuf>,
+    },
+}
+
+/// `gpu-agent drill`.
+#[derive(Debug, Subcommand)]
+pub enum Drill {
+    /// List the checkpoint targets and why each is in or out; without --dry-run, signal them as a real notice would.
+    Checkpoint {
+        /// List only.
+        #[arg(long)]
+        dry_run: bool,
     },
 }

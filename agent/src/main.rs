@@ -30,6 +30,9 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { EXIT_USAGE } else { 0 });
         }
     };
+    // kube (ring) and aws-config (aws-lc-rs) both bring a rustls crypto provider; with two
+    // linked, rustls cannot choose, so choose once for the whole process.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     gpu_agent::logging::init(match cli.command {
         Command::Run => "info",
         _ => "warn",
@@ -62,6 +65,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Status(args) => commands::status::status(&loaded, args.json),
         Command::Check(args) => commands::check::check(&loaded, args.json),
         Command::Inject { what } => commands::inject::inject(&loaded, &what),
+        Command::Drill {
+            what: gpu_agent::cli::Drill::Checkpoint { dry_run },
+        } => commands::drill::checkpoint(&loaded, dry_run),
         Command::KubeletConfig { action } => commands::kubelet_config::run(&loaded, &action),
         Command::Clear(args) => {
             commands::status::clear(&loaded, args.selector.filter(|_| !args.all))

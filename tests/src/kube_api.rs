@@ -6,7 +6,6 @@
 //! 500 and slow answers. Errors are `Status` objects, as the real server sends.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -70,8 +69,7 @@ pub struct KubeApi {
     pub addr: SocketAddr,
     /// Its state (shared with the server thread).
     pub state: Arc<Mutex<State>>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    server: crate::http::Server,
 }
 
 impl KubeApi {
@@ -108,55 +106,21 @@ impl KubeApi {
     }
 
     fn serve(state: Arc<Mutex<State>>, addr: SocketAddr) -> Self {
-        let listener = std::net::TcpListener::bind(addr).expect("bind test API server");
-        listener.set_nonblocking(true).expect("nonblocking");
-        let addr = listener.local_addr().expect("addr");
-        let (stop, mut stopped) = tokio::sync::oneshot::channel();
         let shared = Arc::clone(&state);
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-                loop {
-                    let (stream, _) = tokio::select! {
-                        accepted = listener.accept() => match accepted { Ok(a) => a, Err(_) => continue },
-                        _ = &mut stopped => return,
-                    };
-                    let state = Arc::clone(&shared);
-                    tokio::spawn(async move {
-                        let service = hyper::service::service_fn(move |req| {
-                            let state = Arc::clone(&state);
-                            async move { Ok::<_, Infallible>(handle(req, state).await) }
-                        });
-                        let _ = hyper::server::conn::http1::Builder::new().serve_connection(hyper_util::rt::TokioIo::new(stream), service).await;
-                    });
-                }
-            });
-        });
+        let handler: crate::http::Handler =
+            Arc::new(move |req| Box::pin(handle(req, Arc::clone(&shared))));
+        let server = crate::http::Server::start(addr, handler);
         Self {
-            addr,
+            addr: server.addr,
             state,
-            stop: Some(stop),
-            thread: Some(thread),
+            server,
         }
     }
 
     /// Stop listening (an outage); returns what [`KubeApi::restart`] needs.
     pub fn stop(mut self) -> (SocketAddr, Arc<Mutex<State>>) {
-        self.shutdown();
+        self.server.stop();
         (self.addr, Arc::clone(&self.state))
-    }
-
-    fn shutdown(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 
     /// Write a kubeconfig for this server (bearer token auth) into `dir`.
@@ -199,12 +163,6 @@ impl KubeApi {
     /// Requests received so far.
     pub fn requests(&self) -> Vec<Recorded> {
         self.state.lock().expect("state").requests.clone()
-    }
-}
-
-impl Drop for KubeApi {
-    fn drop(&mut self) {
-        self.shutdown();
     }
 }
 

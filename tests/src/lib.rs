@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod http;
+pub mod imds;
 pub mod kube_api;
 
 /// Bus numbers of the fake GPUs, in index order.
@@ -169,11 +171,12 @@ impl Host {
         let rest: Vec<&str> = extra.lines().skip(split).collect();
         let (top, extra) = (top.join("\n"), rest.join("\n"));
         let text = format!(
-            "{top}\nstate_dir = {state:?}\n\n[status]\nsocket = {sock:?}\n\n[sysfs]\nroot = {sys:?}\n\n[procfs]\nroot = {proc:?}\n\n{extra}\n",
+            "{top}\nstate_dir = {state:?}\n\n[status]\nsocket = {sock:?}\n\n[sysfs]\nroot = {sys:?}\n\n{procfs}{extra}\n",
             state = self.dir.path().join("state"),
             sock = self.socket(),
             sys = self.sysfs(),
-            proc = self.procfs(),
+            // A test that needs real processes (checkpoint targets) sets its own [procfs].
+            procfs = if extra.contains("[procfs]") { String::new() } else { format!("[procfs]\nroot = {:?}\n\n", self.procfs()) },
         );
         let text = if extra.contains("[metrics]") {
             text

@@ -1,6 +1,7 @@
 //! The subcommands. Each returns the process exit code; errors go to `main`.
 
 pub mod check;
+pub mod drill;
 pub mod inject;
 pub mod kubelet_config;
 pub mod run;
@@ -56,6 +57,20 @@ impl HostFacts {
             self.devices.clone(),
             config.kmsg.repeat_log_interval.0,
         )
+    }
+
+    /// Checkpoint target selection from the config.
+    pub fn checkpoint_selection(config: &Config) -> crate::sinks::checkpoint::Selection {
+        use crate::sinks::checkpoint;
+        checkpoint::Selection {
+            procfs: config.procfs.root.clone(),
+            signal: checkpoint::parse_signal(&config.checkpoint.signal)
+                .unwrap_or(rustix::process::Signal::USR1),
+            // Validated when the config was loaded.
+            device_glob: glob::Pattern::new(&config.checkpoint.device_glob)
+                .unwrap_or_else(|_| glob::Pattern::new("/dev/nvidia[0-9]*").unwrap_or_default()),
+            exclude: config.checkpoint.exclude.clone(),
+        }
     }
 
     /// NVML source settings.

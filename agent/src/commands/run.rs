@@ -10,9 +10,9 @@ use tokio::sync::mpsc;
 use super::{HostFacts, SHUTDOWN_GRACE};
 use crate::config::Loaded;
 use crate::core::{Core, StateStore};
-use crate::model::{Observation, SourceKind, SourceState};
-use crate::sinks::{metrics, node_conditions, status, systemd};
-use crate::sources::{kmsg, nvml};
+use crate::model::{NoticeKind, Observation, SourceKind, SourceState};
+use crate::sinks::{checkpoint, metrics, node_conditions, status, systemd};
+use crate::sources::{imds, kmsg, nvml};
 
 /// Observations queued between sources and the core; a full queue slows the kernel-log
 /// reader (the kernel then overruns and we count the loss) instead of growing memory.
@@ -77,6 +77,14 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
             SourceState::Off("disabled by [nvml] enabled = false".into()),
         ));
     }
+    if config.imds.enabled {
+        model.apply(Observation::Source(SourceKind::Imds, SourceState::Starting));
+    } else {
+        model.apply(Observation::Source(
+            SourceKind::Imds,
+            SourceState::Off("disabled by [imds] enabled = false".into()),
+        ));
+    }
     // Sinks report their own state to the core on the same queue.
     let sink_tx = tx;
 
@@ -118,6 +126,38 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
             sink_tx.clone(),
             shutdown.clone(),
         ));
+    }
+    if config.checkpoint.enabled {
+        let c = &config.checkpoint;
+        let settings = checkpoint::Settings {
+            selection: HostFacts::checkpoint_selection(&config),
+            triggers: c.triggers.clone(),
+            lead: [
+                (
+                    NoticeKind::ScheduledMaintenance,
+                    c.lead.scheduled_maintenance.0,
+                ),
+                (NoticeKind::CapacityBlock, c.lead.capacity_block.0),
+            ]
+            .into(),
+            state_file: config.state_dir.join("checkpoint.json"),
+        };
+        let metrics = checkpoint::CheckpointMetrics::register(&mut registry);
+        tokio::spawn(checkpoint::run(
+            settings,
+            metrics,
+            snapshots.clone(),
+            sink_tx.clone(),
+            shutdown.clone(),
+        ));
+    }
+    if config.imds.enabled {
+        let settings = imds::Settings {
+            endpoint: Some(config.imds.endpoint.clone()).filter(|e| !e.is_empty()),
+            poll_interval: config.imds.poll_interval.0,
+            sysfs_root: config.sysfs.root.clone(),
+        };
+        tokio::spawn(imds::run(settings, sink_tx.clone(), shutdown.clone()));
     }
     drop(sink_tx);
     if config.metrics.enabled {

@@ -79,6 +79,138 @@ pub struct Config {
     pub kubernetes: KubernetesConfig,
     /// `gpu-agent kubelet-config`.
     pub kubelet: KubeletConfig,
+    /// Checkpoint signals to the workload.
+    pub checkpoint: CheckpointConfig,
+    /// EC2 instance metadata (Spot, rebalance, scheduled events).
+    pub imds: ImdsConfig,
+    /// The EC2 API (Capacity Block end).
+    pub ec2: Ec2Config,
+    /// systemd-logind (host shutdown).
+    pub logind: LogindConfig,
+}
+
+/// `[checkpoint]`: signal the training processes before the instance goes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    /// Signal targets on notices.
+    pub enabled: bool,
+    /// The signal (`SIGUSR1`); processes that opt in with `GPU_AGENT_CHECKPOINT_SIGNAL` get theirs.
+    pub signal: String,
+    /// Notice kinds that trigger a checkpoint: spot, scheduled-maintenance, capacity-block,
+    /// shutdown (default), rebalance, fatal-fault.
+    pub triggers: Vec<crate::model::NoticeKind>,
+    /// How long before the deadline to signal, per kind (Spot and shutdown: at once).
+    pub lead: LeadConfig,
+    /// Device files whose holders are GPU processes.
+    pub device_glob: String,
+    /// Process names never signalled, beyond the built-in system daemons.
+    pub exclude: Vec<String>,
+}
+
+/// `[checkpoint.lead]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default, rename_all = "kebab-case")]
+pub struct LeadConfig {
+    /// Before scheduled maintenance's `NotBefore`.
+    pub scheduled_maintenance: HumanDuration,
+    /// Before the Capacity Block's termination start (EndDate - 30 min).
+    pub capacity_block: HumanDuration,
+}
+
+impl Default for LeadConfig {
+    fn default() -> Self {
+        Self {
+            scheduled_maintenance: HumanDuration(std::time::Duration::from_secs(600)),
+            capacity_block: HumanDuration(std::time::Duration::from_secs(600)),
+        }
+    }
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            signal: "SIGUSR1".into(),
+            triggers: vec![
+                crate::model::NoticeKind::Spot,
+                crate::model::NoticeKind::ScheduledMaintenance,
+                crate::model::NoticeKind::CapacityBlock,
+                crate::model::NoticeKind::Shutdown,
+            ],
+            lead: LeadConfig::default(),
+            device_glob: "/dev/nvidia[0-9]*".into(),
+            exclude: Vec::new(),
+        }
+    }
+}
+
+/// `[imds]`: EC2 instance metadata.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ImdsConfig {
+    /// Poll IMDS (only on EC2, unless `endpoint` is set).
+    pub enabled: bool,
+    /// Endpoint override (tests point it at a loopback server); empty: the standard
+    /// `AWS_EC2_METADATA_SERVICE_ENDPOINT` variable, else the link-local address on EC2.
+    pub endpoint: String,
+    /// How often to poll.
+    pub poll_interval: HumanDuration,
+}
+
+impl Default for ImdsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            endpoint: String::new(),
+            poll_interval: HumanDuration(std::time::Duration::from_secs(1)),
+        }
+    }
+}
+
+/// `[ec2]`: the EC2 API, for the Capacity Block end.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Ec2Config {
+    /// Look up the Capacity Block end.
+    pub enabled: bool,
+    /// Endpoint override (tests); empty: the region's endpoint.
+    pub endpoint: String,
+    /// How often to re-read the reservation.
+    pub poll_interval: HumanDuration,
+}
+
+impl Default for Ec2Config {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            endpoint: String::new(),
+            poll_interval: HumanDuration(std::time::Duration::from_secs(300)),
+        }
+    }
+}
+
+/// `[logind]`: host shutdown through systemd-logind.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogindConfig {
+    /// Watch for shutdown.
+    pub enabled: bool,
+    /// D-Bus system bus address; empty: the standard system bus.
+    pub bus_address: String,
+    /// Longest the shutdown is delayed while targets are signalled (also capped by logind's
+    /// `InhibitDelayMaxSec`).
+    pub max_delay: HumanDuration,
+}
+
+impl Default for LogindConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            bus_address: String::new(),
+            max_delay: HumanDuration(std::time::Duration::from_secs(5)),
+        }
+    }
 }
 
 /// `[kubelet]`: overrides for `gpu-agent kubelet-config`.
@@ -258,6 +390,10 @@ impl Default for Config {
             nvml: NvmlConfig::default(),
             kubernetes: KubernetesConfig::default(),
             kubelet: KubeletConfig::default(),
+            checkpoint: CheckpointConfig::default(),
+            imds: ImdsConfig::default(),
+            ec2: Ec2Config::default(),
+            logind: LogindConfig::default(),
         }
     }
 }
@@ -432,6 +568,21 @@ impl Config {
                 "kubelet.target",
                 "must be auto, nodeadm or kubelet-drop-in",
             ));
+        }
+        if crate::sinks::checkpoint::parse_signal(&self.checkpoint.signal).is_none() {
+            return Err(invalid(
+                "checkpoint.signal",
+                &format!(
+                    "{:?} is not a catchable signal (e.g. SIGUSR1)",
+                    self.checkpoint.signal
+                ),
+            ));
+        }
+        if let Err(e) = glob::Pattern::new(&self.checkpoint.device_glob) {
+            return Err(invalid("checkpoint.device_glob", &e.to_string()));
+        }
+        if self.imds.poll_interval.0 < std::time::Duration::from_millis(100) {
+            return Err(invalid("imds.poll_interval", "must be at least 100ms"));
         }
         if self.escalate_after_boots == 0 {
             return Err(invalid("escalate_after_boots", "must be at least 1"));

@@ -38,6 +38,8 @@ pub struct HealthModel {
     nvml_gpus: Vec<GpuIdentity>,
     driver_version: Option<String>,
     sinks: BTreeMap<String, SourceState>,
+    notices: BTreeMap<SourceKind, Vec<crate::model::Notice>>,
+    checkpoints: HashMap<String, crate::model::CheckpointReport>,
     recurrence: BTreeMap<String, Vec<String>>,
     escalate_after_boots: usize,
 }
@@ -74,6 +76,8 @@ impl HealthModel {
             nvml_gpus: Vec::new(),
             driver_version: None,
             sinks: BTreeMap::new(),
+            notices: BTreeMap::new(),
+            checkpoints: HashMap::new(),
             recurrence: BTreeMap::new(),
             escalate_after_boots: 3,
         }
@@ -198,6 +202,30 @@ impl HealthModel {
             Observation::Source(source, state) => {
                 let changed = self.sources.get(&source) != Some(&state);
                 self.sources.insert(source, state);
+                changed
+            }
+            Observation::Notices { source, notices } => {
+                let changed = self.notices.get(&source) != Some(&notices);
+                if changed {
+                    for n in &notices {
+                        if !self.notices.values().flatten().any(|old| old.id == n.id) {
+                            tracing::warn!(kind = %n.kind, deadline = %crate::model::time::rfc3339(n.deadline), id = %n.id, detail = %n.detail, "Notice received.");
+                        }
+                    }
+                    self.notices.insert(source, notices);
+                    let live: Vec<String> = self
+                        .notices
+                        .values()
+                        .flatten()
+                        .map(|n| n.id.clone())
+                        .collect();
+                    self.checkpoints.retain(|id, _| live.contains(id));
+                }
+                changed
+            }
+            Observation::Checkpoint(report) => {
+                let changed = self.checkpoints.get(&report.notice_id) != Some(&report);
+                self.checkpoints.insert(report.notice_id.clone(), report);
                 changed
             }
             Observation::Sink(status) => {
@@ -345,6 +373,22 @@ impl HealthModel {
         };
     }
 
+    /// The earliest notice that ends the instance, with what was signalled for it.
+    fn pending_end(&self) -> Option<crate::model::PendingEnd> {
+        let n = self
+            .notices
+            .values()
+            .flatten()
+            .filter(|n| n.kind.ends_instance())
+            .min_by_key(|n| n.deadline)?;
+        Some(crate::model::PendingEnd {
+            kind: n.kind.name().to_string(),
+            deadline: n.deadline,
+            detail: n.detail.clone(),
+            signalled: self.checkpoints.get(&n.id).map_or(0, |c| c.signalled),
+        })
+    }
+
     /// Everything a sink needs, worst fault first.
     pub fn snapshot(&self, kmsg: KmsgStats) -> HealthSnapshot {
         let addresses = self.gpu_addresses();
@@ -396,7 +440,18 @@ impl HealthModel {
             node_name: self.node_name.clone(),
             boot_id: self.boot_id.clone(),
             health,
-            summary: summary(addresses.len(), &faults, &self.sources),
+            summary: {
+                let mut line = summary(addresses.len(), &faults, &self.sources);
+                if let Some(end) = self.pending_end() {
+                    line.push_str(&format!(
+                        "; {} end at {} ({} signalled)",
+                        end.kind,
+                        crate::model::time::rfc3339(end.deadline),
+                        end.signalled
+                    ));
+                }
+                line
+            },
             gpus,
             faults,
             sources,
@@ -408,7 +463,13 @@ impl HealthModel {
                     state: state.clone(),
                 })
                 .collect(),
-            pending_end: None,
+            pending_end: self.pending_end(),
+            notices: {
+                let mut all: Vec<crate::model::Notice> =
+                    self.notices.values().flatten().cloned().collect();
+                all.sort_by_key(|n| n.deadline);
+                all
+            },
             kmsg,
             driver_version: self.driver_version.clone(),
             updated_at: SystemTime::now(),

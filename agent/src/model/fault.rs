@@ -43,6 +43,12 @@ pub enum SourceKind {
     Kmsg,
     /// NVML polling.
     Nvml,
+    /// EC2 instance metadata (Spot, rebalance, scheduled events).
+    Imds,
+    /// The EC2 API (Capacity Block end).
+    CapacityBlock,
+    /// systemd-logind (host shutdown).
+    Logind,
 }
 
 /// The hardware a fault belongs to.
@@ -163,6 +169,9 @@ impl fmt::Display for SourceKind {
         f.write_str(match self {
             Self::Kmsg => "kmsg",
             Self::Nvml => "nvml",
+            Self::Imds => "imds",
+            Self::CapacityBlock => "capacity-block",
+            Self::Logind => "logind",
         })
     }
 }

@@ -4,6 +4,7 @@
 //! into these types, the core merges them, sinks render them.
 
 mod fault;
+mod notice;
 mod pci;
 mod reason;
 mod snapshot;
@@ -12,6 +13,7 @@ pub mod time;
 pub use fault::{
     Action, Classification, Component, Fault, FaultCode, FaultReport, Severity, SourceKind,
 };
+pub use notice::{CheckpointReport, Notice, NoticeKind};
 pub use pci::{PciAddress, PciAddressError};
 pub use reason::reason;
 pub use snapshot::{
@@ -26,6 +28,15 @@ pub enum Observation {
     Fault(FaultReport),
     /// A source changed state (started, turned off, failed).
     Source(SourceKind, SourceState),
+    /// A notice source's complete view: these notices are all it sees now.
+    Notices {
+        /// Which source.
+        source: SourceKind,
+        /// Every current notice.
+        notices: Vec<Notice>,
+    },
+    /// The checkpoint sink signalled (or skipped) processes for a notice.
+    Checkpoint(CheckpointReport),
     /// A sink changed state (connected, off, failing); shown by `status`.
     Sink(SinkStatus),
     /// A polling source's complete view: these faults are all it sees now (faults it

@@ -147,6 +147,8 @@ pub struct PendingEnd {
     pub deadline: SystemTime,
     /// The notice's detail.
     pub detail: String,
+    /// Processes signalled to checkpoint for it.
+    pub signalled: u32,
 }
 
 /// Kernel-log reading statistics.
@@ -181,8 +183,10 @@ pub struct HealthSnapshot {
     pub sources: Vec<SourceStatus>,
     /// Sinks that can be off or failing, and their state.
     pub sinks: Vec<SinkStatus>,
-    /// The instance's pending end, if one is known.
+    /// The instance's pending end, if one is known (the earliest).
     pub pending_end: Option<PendingEnd>,
+    /// Every current notice.
+    pub notices: Vec<super::Notice>,
     /// Kernel-log statistics.
     pub kmsg: KmsgStats,
     /// NVIDIA driver version (from NVML), if known.

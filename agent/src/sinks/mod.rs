@@ -3,6 +3,7 @@
 //!
 //! [`HealthSnapshot`]: crate::model::HealthSnapshot
 
+pub mod checkpoint;
 pub mod metrics;
 pub mod node_conditions;
 pub mod status;

@@ -3,5 +3,6 @@
 //!
 //! [`Observation`]: crate::model::Observation
 
+pub mod imds;
 pub mod kmsg;
 pub mod nvml;

@@ -217,6 +217,7 @@ mod tests {
             kind: "capacity-block".into(),
             deadline: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
             detail: "cr-123".into(),
+            signalled: 0,
         });
         let d = desired(&s, &types());
         assert_eq!(

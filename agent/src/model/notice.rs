@@ -1,0 +1,91 @@
+//! Notices: a known end of the instance (or a reason to checkpoint), with a deadline.
+
+use std::fmt;
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+use super::SourceKind;
+
+/// What kind of end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NoticeKind {
+    /// Spot interruption notice (`spot/instance-action`).
+    Spot,
+    /// Rebalance recommendation (a Spot interruption may follow).
+    Rebalance,
+    /// Scheduled maintenance: reboot, stop or retirement.
+    ScheduledMaintenance,
+    /// The Capacity Block's end (termination starts 30 minutes before `EndDate`).
+    CapacityBlock,
+    /// The host is shutting down (logind `PrepareForShutdown`).
+    Shutdown,
+    /// A fatal GPU fault (surviving ranks may want to save state).
+    FatalFault,
+}
+
+impl NoticeKind {
+    /// Every kind.
+    pub const ALL: [Self; 6] = [
+        Self::Spot,
+        Self::Rebalance,
+        Self::ScheduledMaintenance,
+        Self::CapacityBlock,
+        Self::Shutdown,
+        Self::FatalFault,
+    ];
+
+    /// Stable name (config keys, metric labels).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Spot => "spot",
+            Self::Rebalance => "rebalance",
+            Self::ScheduledMaintenance => "scheduled-maintenance",
+            Self::CapacityBlock => "capacity-block",
+            Self::Shutdown => "shutdown",
+            Self::FatalFault => "fatal-fault",
+        }
+    }
+
+    /// Does this kind mean the instance is going away (`InterruptionPending`)?
+    pub fn ends_instance(self) -> bool {
+        matches!(
+            self,
+            Self::Spot | Self::ScheduledMaintenance | Self::CapacityBlock | Self::Shutdown
+        )
+    }
+}
+
+impl fmt::Display for NoticeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One notice.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Notice {
+    /// Stable id: the same notice seen again has the same id; a changed notice a new one.
+    pub id: String,
+    /// What kind.
+    pub kind: NoticeKind,
+    /// When the instance goes (or, for a recommendation or fault, when it was issued).
+    #[serde(with = "super::time")]
+    pub deadline: SystemTime,
+    /// The notice's own words.
+    pub detail: String,
+    /// Who saw it.
+    pub source: SourceKind,
+}
+
+/// What the checkpoint sink did for a notice.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointReport {
+    /// The notice.
+    pub notice_id: String,
+    /// Processes signalled.
+    pub signalled: u32,
+    /// Processes holding a GPU that were skipped (no handler, excluded).
+    pub skipped: u32,
+}

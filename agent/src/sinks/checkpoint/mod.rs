@@ -1,0 +1,318 @@
+//! The checkpoint sink: when the instance's end is known (Spot notice, scheduled maintenance,
+//! Capacity Block end, host shutdown; rebalance and fatal faults when opted in), signal the
+//! training processes to checkpoint, in time and once per notice, and never a process that
+//! does not handle the signal.
+//!
+//! Spot and shutdown notices are signalled at once; the others at `deadline - lead`. A
+//! notice's id is remembered in `<state_dir>/checkpoint.json`, so a restarted agent does not
+//! signal the same notice again; a changed or new notice signals again.
+
+mod send;
+mod signals;
+mod targets;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use rustix::process::Signal;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, watch};
+
+pub use send::{send, SendError};
+pub use signals::{name as signal_name, parse as parse_signal};
+pub use targets::{scan, Candidate, Selection, OPT_IN_VAR};
+
+use crate::model::{CheckpointReport, HealthSnapshot, Notice, NoticeKind, Observation, Severity};
+use crate::shutdown::Shutdown;
+
+/// Notice ids remembered (most recent).
+const REMEMBERED: usize = 256;
+
+/// What the sink needs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Who gets signalled.
+    pub selection: Selection,
+    /// Which notice kinds trigger a checkpoint.
+    pub triggers: Vec<NoticeKind>,
+    /// How long before the deadline each kind is signalled.
+    pub lead: HashMap<NoticeKind, Duration>,
+    /// `<state_dir>/checkpoint.json`.
+    pub state_file: PathBuf,
+}
+
+/// Labels of the per-kind counters.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    /// Notice kind.
+    pub kind: String,
+}
+
+/// Labels of skipped targets.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SkipLabels {
+    /// Why (`no-handler`, `excluded`, `gone`, ...).
+    pub reason: String,
+}
+
+/// The sink's metrics.
+#[derive(Debug, Clone)]
+pub struct CheckpointMetrics {
+    notices: Family<KindLabels, Counter>,
+    signalled: Family<KindLabels, Counter>,
+    skipped: Family<SkipLabels, Counter>,
+    latency: Histogram,
+}
+
+impl CheckpointMetrics {
+    /// Create and register.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self {
+            notices: Family::default(),
+            signalled: Family::default(),
+            skipped: Family::default(),
+            latency: Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0]),
+        };
+        registry.register(
+            "gpu_agent_notices",
+            "Notices acted on, by kind.",
+            m.notices.clone(),
+        );
+        registry.register(
+            "gpu_agent_checkpoint_targets_signalled",
+            "Processes signalled to checkpoint, by notice kind.",
+            m.signalled.clone(),
+        );
+        registry.register(
+            "gpu_agent_checkpoint_targets_skipped",
+            "Processes holding a GPU that were not signalled, by reason.",
+            m.skipped.clone(),
+        );
+        registry.register(
+            "gpu_agent_checkpoint_signal_latency_seconds",
+            "From the notice (or its lead time) to the signals sent.",
+            m.latency.clone(),
+        );
+        m
+    }
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Remembered {
+    signalled: Vec<String>,
+}
+
+fn load(path: &std::path::Path) -> Remembered {
+    std::fs::read(path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+fn save(path: &std::path::Path, r: &Remembered) {
+    let result = serde_json::to_vec_pretty(r)
+        .map_err(|e| e.to_string())
+        .and_then(|b| {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+            }
+            crate::fsutil::write_atomic(path, &b).map_err(|e| e.to_string())
+        });
+    if let Err(e) = result {
+        tracing::warn!(error = %e, "Cannot remember signalled notices; a restart may signal one again.");
+    }
+}
+
+/// Notices for fatal faults (only used when `fatal-fault` is a trigger).
+fn fault_notices(snapshot: &HealthSnapshot) -> Vec<Notice> {
+    snapshot
+        .faults
+        .iter()
+        .filter(|f| f.class.severity == Severity::Fatal)
+        .map(|f| Notice {
+            id: format!(
+                "fatal-fault:{}:{}",
+                f.label(),
+                crate::model::time::rfc3339(f.first_seen)
+            ),
+            kind: NoticeKind::FatalFault,
+            deadline: f.first_seen,
+            detail: format!("{}: {} ({})", f.label(), f.class.name, f.class.action),
+            source: f.source,
+        })
+        .collect()
+}
+
+/// Signal every target for `notice` (blocking: procfs scan and syscalls). Returns (signalled, skipped).
+pub fn signal_targets(
+    selection: &Selection,
+    notice: &Notice,
+    metrics: Option<&CheckpointMetrics>,
+) -> (u32, u32) {
+    let (mut signalled, mut skipped) = (0, 0);
+    for c in scan(selection) {
+        let Some(signal) = c.signal.as_deref().and_then(parse_signal) else {
+            skipped += 1;
+            let reason = if c.why.contains("does not handle") {
+                "no-handler"
+            } else if c.why.contains("excluded") {
+                "excluded"
+            } else {
+                "other"
+            };
+            if let Some(m) = metrics {
+                m.skipped
+                    .get_or_create(&SkipLabels {
+                        reason: reason.into(),
+                    })
+                    .inc();
+            }
+            tracing::info!(pid = c.pid, name = %c.name, trigger = %notice.kind, why = %c.why, "Not signalled.");
+            continue;
+        };
+        match send(&selection.procfs, c.pid, c.start_time, signal) {
+            Ok(()) => {
+                signalled += 1;
+                if let Some(m) = metrics {
+                    m.signalled
+                        .get_or_create(&KindLabels {
+                            kind: notice.kind.name().into(),
+                        })
+                        .inc();
+                }
+                tracing::warn!(
+                    pid = c.pid,
+                    name = %c.name,
+                    signal = %signal_name(signal),
+                    trigger = %notice.kind,
+                    deadline = %crate::model::time::rfc3339(notice.deadline),
+                    pod_uid = c.pod_uid.as_deref().unwrap_or("-"),
+                    "Signalled to checkpoint."
+                );
+            }
+            Err(e) => {
+                skipped += 1;
+                if let Some(m) = metrics {
+                    m.skipped
+                        .get_or_create(&SkipLabels {
+                            reason: "gone".into(),
+                        })
+                        .inc();
+                }
+                tracing::info!(pid = c.pid, name = %c.name, error = %e, "Not signalled.");
+            }
+        }
+    }
+    (signalled, skipped)
+}
+
+/// Run until shutdown.
+pub async fn run(
+    settings: Settings,
+    metrics: CheckpointMetrics,
+    mut snapshots: watch::Receiver<Arc<HealthSnapshot>>,
+    reports: mpsc::Sender<Observation>,
+    mut shutdown: Shutdown,
+) {
+    let mut remembered = load(&settings.state_file);
+    let mut first_seen: HashMap<String, Instant> = HashMap::new();
+    loop {
+        let snapshot = Arc::clone(&snapshots.borrow_and_update());
+        let mut notices: Vec<Notice> = snapshot.notices.clone();
+        if settings.triggers.contains(&NoticeKind::FatalFault) {
+            notices.extend(fault_notices(&snapshot));
+        }
+        let now = SystemTime::now();
+        let mut next: Option<Duration> = None;
+        for notice in notices
+            .iter()
+            .filter(|n| settings.triggers.contains(&n.kind))
+        {
+            if remembered.signalled.contains(&notice.id) {
+                continue;
+            }
+            let seen = *first_seen
+                .entry(notice.id.clone())
+                .or_insert_with(Instant::now);
+            let at_once = matches!(
+                notice.kind,
+                NoticeKind::Spot
+                    | NoticeKind::Shutdown
+                    | NoticeKind::Rebalance
+                    | NoticeKind::FatalFault
+            );
+            let lead = settings.lead.get(&notice.kind).copied().unwrap_or_default();
+            let fire_at = if at_once {
+                now
+            } else {
+                notice.deadline.checked_sub(lead).unwrap_or(notice.deadline)
+            };
+            if let Ok(wait) = fire_at.duration_since(now) {
+                if !wait.is_zero() {
+                    next = Some(next.map_or(wait, |n| n.min(wait)));
+                    continue;
+                }
+            }
+            metrics
+                .notices
+                .get_or_create(&KindLabels {
+                    kind: notice.kind.name().into(),
+                })
+                .inc();
+            let (selection, n) = (settings.selection.clone(), notice.clone());
+            let m = metrics.clone();
+            let (signalled, skipped) =
+                tokio::task::spawn_blocking(move || signal_targets(&selection, &n, Some(&m)))
+                    .await
+                    .unwrap_or((0, 0));
+            // Latency from when it was due: at once, or at deadline - lead.
+            let due_since = if at_once {
+                seen.elapsed()
+            } else {
+                now.duration_since(fire_at).unwrap_or_default()
+            };
+            metrics.latency.observe(due_since.as_secs_f64());
+            tracing::warn!(kind = %notice.kind, id = %notice.id, signalled, skipped, "Checkpoint signal sent for notice.");
+            remembered.signalled.push(notice.id.clone());
+            if remembered.signalled.len() > REMEMBERED {
+                remembered.signalled.remove(0);
+            }
+            save(&settings.state_file, &remembered);
+            let _ = reports
+                .send(Observation::Checkpoint(CheckpointReport {
+                    notice_id: notice.id.clone(),
+                    signalled,
+                    skipped,
+                }))
+                .await;
+        }
+        let sleep = next.unwrap_or(Duration::from_secs(3600));
+        tokio::select! {
+            changed = snapshots.changed() => if changed.is_err() { return },
+            () = tokio::time::sleep(sleep) => {}
+            () = shutdown.wait() => return,
+        }
+    }
+}
+
+/// The source kinds whose notices this sink acts on by default.
+pub fn default_triggers() -> Vec<NoticeKind> {
+    vec![
+        NoticeKind::Spot,
+        NoticeKind::ScheduledMaintenance,
+        NoticeKind::CapacityBlock,
+        NoticeKind::Shutdown,
+    ]
+}
+
+/// Parse the configured signal.
+pub fn configured_signal(name: &str) -> Option<Signal> {
+    parse_signal(name)
+}

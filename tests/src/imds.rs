@@ -1,0 +1,143 @@
+//! A test EC2 instance metadata service, IMDSv2 only, as the real one behaves: `PUT
+//! /latest/api/token` needs `X-aws-ec2-metadata-token-ttl-seconds` (1-21600, else 400) and
+//! answers the token as text with the TTL header; every `GET` needs a live token (401
+//! without one or with an expired one); an absent notice is 404; bodies are the reference's.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::Request;
+
+use crate::http::{respond, Handler, Reply, Server};
+
+/// What the service holds.
+#[derive(Debug, Default)]
+pub struct ImdsState {
+    /// `spot/instance-action` body, if a notice is up.
+    pub spot: Option<String>,
+    /// `events/recommendations/rebalance` body.
+    pub rebalance: Option<String>,
+    /// `events/maintenance/scheduled` body (`[]` when `None`).
+    pub scheduled: Option<String>,
+    /// Tokens handed out, with their expiry.
+    tokens: HashMap<String, Instant>,
+    /// GETs answered, by path.
+    pub gets: Vec<String>,
+}
+
+/// A running test IMDS.
+#[derive(Debug)]
+pub struct FakeImds {
+    /// Shared state.
+    pub state: Arc<Mutex<ImdsState>>,
+    server: Server,
+}
+
+impl FakeImds {
+    /// Start on a free loopback port.
+    pub fn start() -> Self {
+        let state = Arc::new(Mutex::new(ImdsState::default()));
+        let shared = Arc::clone(&state);
+        let handler: Handler =
+            Arc::new(move |req| -> Reply { Box::pin(handle(req, Arc::clone(&shared))) });
+        Self {
+            state,
+            server: Server::start("127.0.0.1:0".parse().expect("addr"), handler),
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.server.addr)
+    }
+
+    /// Set or clear the Spot notice.
+    pub fn set_spot(&self, body: Option<&str>) {
+        self.state.lock().expect("state").spot = body.map(str::to_string);
+    }
+
+    /// Set or clear the rebalance recommendation.
+    pub fn set_rebalance(&self, body: Option<&str>) {
+        self.state.lock().expect("state").rebalance = body.map(str::to_string);
+    }
+
+    /// Set the scheduled events (a JSON array).
+    pub fn set_scheduled(&self, body: &str) {
+        self.state.lock().expect("state").scheduled = Some(body.to_string());
+    }
+
+    /// Expire every token handed out (the client must fetch a new one).
+    pub fn expire_tokens(&self) {
+        for expiry in self.state.lock().expect("state").tokens.values_mut() {
+            *expiry = Instant::now();
+        }
+    }
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    state: Arc<Mutex<ImdsState>>,
+) -> hyper::Response<http_body_util::Full<hyper::body::Bytes>> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let header = |name: &str| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let ttl = header("x-aws-ec2-metadata-token-ttl-seconds");
+    let token = header("x-aws-ec2-metadata-token");
+    let _ = req.into_body().collect().await;
+    let mut s = state.lock().expect("state");
+    if method == hyper::Method::PUT {
+        if path != "/latest/api/token" {
+            return respond(403, "text/plain", "Forbidden".into());
+        }
+        let Some(ttl) = ttl
+            .and_then(|t| t.parse::<u64>().ok())
+            .filter(|t| (1..=21_600).contains(t))
+        else {
+            return respond(400, "text/plain", "Bad Request".into());
+        };
+        let token = format!("AQAEAtest{}", s.tokens.len());
+        s.tokens
+            .insert(token.clone(), Instant::now() + Duration::from_secs(ttl));
+        let mut r = respond(200, "text/plain", token);
+        r.headers_mut().insert(
+            "x-aws-ec2-metadata-token-ttl-seconds",
+            hyper::header::HeaderValue::from(ttl),
+        );
+        return r;
+    }
+    if method != hyper::Method::GET {
+        return respond(405, "text/plain", "Method Not Allowed".into());
+    }
+    let live = token
+        .as_ref()
+        .and_then(|t| s.tokens.get(t))
+        .is_some_and(|expiry| *expiry > Instant::now());
+    if !live {
+        return respond(401, "text/plain", "Unauthorized".into());
+    }
+    s.gets.push(path.clone());
+    let body = match path.trim_start_matches("/latest/meta-data/") {
+        "spot/instance-action" => s.spot.clone(),
+        "events/recommendations/rebalance" => s.rebalance.clone(),
+        "events/maintenance/scheduled" => Some(s.scheduled.clone().unwrap_or_else(|| "[]".into())),
+        "instance-id" => Some("i-0123456789abcdef0".into()),
+        "placement/region" => Some("us-west-2".into()),
+        _ => None,
+    };
+    match body {
+        Some(b) => respond(200, "text/plain", b),
+        None => respond(
+            404,
+            "text/html",
+            "<?xml version=\"1.0\"?><html><body><h1>404 - Not Found</h1></body></html>".into(),
+        ),
+    }
+}

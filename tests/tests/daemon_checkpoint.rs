@@ -1,0 +1,310 @@
+//! The real daemon, the test IMDS and real child processes: a notice becomes a checkpoint
+//! signal to the processes that handle it, once per notice, and never to one that does not.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant, SystemTime};
+
+use gpu_agent_e2e::imds::FakeImds;
+use gpu_agent_e2e::{cli, Agent, Host};
+
+const TRAINER: &str = r#"
+import os, signal, sys, time
+mode, marker, device = sys.argv[1], sys.argv[2], sys.argv[3]
+held = open(device) if device != "-" else None
+def handler(signum, frame):
+    with open(marker, "a") as f:
+        f.write(signal.Signals(signum).name + "\n")
+if mode == "usr1":
+    signal.signal(signal.SIGUSR1, handler)
+elif mode == "usr2":
+    signal.signal(signal.SIGUSR2, handler)
+open(marker + ".ready", "w").close()
+while True:
+    time.sleep(0.02)
+"#;
+
+struct Trainer {
+    child: Child,
+    marker: PathBuf,
+}
+
+impl Trainer {
+    fn start(
+        dir: &Path,
+        name: &str,
+        mode: &str,
+        device: Option<&Path>,
+        env: &[(&str, &str)],
+    ) -> Self {
+        let script = dir.join("trainer.py");
+        std::fs::write(&script, TRAINER).expect("script");
+        let marker = dir.join(format!("{name}.signals"));
+        let child = Command::new("python3")
+            .arg(&script)
+            .arg(mode)
+            .arg(&marker)
+            .arg(device.map_or_else(|| "-".into(), |d| d.to_string_lossy().into_owned()))
+            .envs(env.iter().copied())
+            .spawn()
+            .expect("python3");
+        let ready = marker.with_extension("signals.ready");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !ready.exists() {
+            assert!(Instant::now() < deadline, "trainer {name} did not start");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Self { child, marker }
+    }
+
+    fn signals(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.marker)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn alive(&mut self) -> bool {
+        self.child.try_wait().expect("wait").is_none()
+    }
+}
+
+impl Drop for Trainer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait(timeout: Duration, what: &str, mut pred: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !pred() {
+        assert!(started.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    started.elapsed()
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("after epoch")
+        .as_secs();
+    let days = secs / 86_400;
+    // civil_from_days
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let rem = secs % 86_400;
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+fn config(host: &Host, imds: &FakeImds, extra: &str) -> PathBuf {
+    let dev = host.dir.path().join("dev");
+    host.config(&format!(
+        "[procfs]\nroot = \"/proc\"\n[imds]\nendpoint = {:?}\npoll_interval = \"200ms\"\n[checkpoint]\ndevice_glob = \"{}/nvidia[0-9]*\"\n{extra}",
+        imds.endpoint(),
+        dev.display()
+    ))
+}
+
+#[test]
+fn a_spot_notice_signals_handlers_once_and_never_a_process_without_one() {
+    let host = Host::new();
+    let imds = FakeImds::start();
+    let dev = host.dir.path().join("dev");
+    std::fs::create_dir_all(&dev).expect("mkdir");
+    let gpu = dev.join("nvidia0");
+    std::fs::write(&gpu, "").expect("device");
+    let handler = Trainer::start(host.dir.path(), "handler", "usr1", Some(&gpu), &[]);
+    let mut bystander = Trainer::start(host.dir.path(), "bystander", "none", Some(&gpu), &[]);
+    let opted_in = Trainer::start(
+        host.dir.path(),
+        "opted-in",
+        "usr2",
+        None,
+        &[("GPU_AGENT_CHECKPOINT_SIGNAL", "SIGUSR2")],
+    );
+    let config = config(&host, &imds, "");
+
+    // The drill shows who is in and who is out, and why.
+    let (code, out, _) = cli(&[
+        "--config",
+        &config.to_string_lossy(),
+        "drill",
+        "checkpoint",
+        "--dry-run",
+    ]);
+    assert_eq!(code, 0);
+    let line = |pid: u32| {
+        out.lines()
+            .find(|l| l.starts_with(&format!("{pid} ")))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(
+        line(handler.child.id()).contains("target: holds")
+            && line(handler.child.id()).contains("SIGUSR1"),
+        "{out}"
+    );
+    assert!(
+        line(bystander.child.id()).contains("does not handle SIGUSR1"),
+        "{out}"
+    );
+    assert!(
+        line(opted_in.child.id()).contains("opted in with GPU_AGENT_CHECKPOINT_SIGNAL=SIGUSR2"),
+        "{out}"
+    );
+    assert!(handler.signals().is_empty(), "a dry run signals nobody");
+
+    let agent = Agent::start(&config, &host.socket());
+    agent.wait_for(Duration::from_secs(5), |s| {
+        s["sources"].as_array().is_some_and(|a| {
+            a.iter()
+                .any(|x| x["source"] == "imds" && x["state"] == "on")
+        })
+    });
+    let deadline = rfc3339(SystemTime::now() + Duration::from_secs(120));
+    imds.set_spot(Some(&format!(
+        r#"{{"action": "terminate", "time": "{deadline}"}}"#
+    )));
+    let took = wait(Duration::from_secs(5), "SIGUSR1 at the handler", || {
+        handler.signals() == ["SIGUSR1"]
+    });
+    assert!(
+        took < Duration::from_millis(1200),
+        "signalled {took:?} after the notice (poll 200 ms + 1 s)"
+    );
+    wait(
+        Duration::from_secs(2),
+        "SIGUSR2 at the opted-in process",
+        || opted_in.signals() == ["SIGUSR2"],
+    );
+    assert!(
+        bystander.alive(),
+        "a process without a handler is never signalled"
+    );
+    assert!(bystander.signals().is_empty());
+    let s = agent.wait_for(Duration::from_secs(2), |s| {
+        s["pending_end"]["signalled"] == 2
+    });
+    assert_eq!(s["pending_end"]["kind"], "spot");
+    assert!(
+        s["summary"]
+            .as_str()
+            .is_some_and(|l| l.contains(&format!("spot end at {deadline} (2 signalled)"))),
+        "{}",
+        s["summary"]
+    );
+    assert!(agent.stop().success());
+
+    // A restarted agent does not signal the same notice again.
+    let agent = Agent::start(&config, &host.socket());
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(
+        handler.signals(),
+        ["SIGUSR1"],
+        "same notice, no second signal"
+    );
+    // A changed notice signals again.
+    let later = rfc3339(SystemTime::now() + Duration::from_secs(100));
+    imds.set_spot(Some(&format!(r#"{{"action": "stop", "time": "{later}"}}"#)));
+    wait(
+        Duration::from_secs(5),
+        "second signal for the new notice",
+        || handler.signals().len() == 2,
+    );
+    assert!(bystander.alive());
+    assert!(agent.stop().success());
+}
+
+#[test]
+fn scheduled_maintenance_fires_at_deadline_minus_lead() {
+    let host = Host::new();
+    let imds = FakeImds::start();
+    let dev = host.dir.path().join("dev");
+    std::fs::create_dir_all(&dev).expect("mkdir");
+    let gpu = dev.join("nvidia1");
+    std::fs::write(&gpu, "").expect("device");
+    let handler = Trainer::start(host.dir.path(), "handler", "usr1", Some(&gpu), &[]);
+    let agent = Agent::start(
+        &config(
+            &host,
+            &imds,
+            "[checkpoint.lead]\nscheduled-maintenance = \"3s\"\n",
+        ),
+        &host.socket(),
+    );
+    // NotBefore 5 s from now (whole seconds, as IMDS prints them): due 2 s from now.
+    let not_before = SystemTime::now() + Duration::from_secs(5);
+    let secs = not_before
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("epoch")
+        .as_secs();
+    let t = rfc3339(SystemTime::UNIX_EPOCH + Duration::from_secs(secs));
+    let months = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let imds_time = format!(
+        "{} {} {} {} GMT",
+        t[8..10].trim_start_matches('0'),
+        months[t[5..7].parse::<usize>().expect("month") - 1],
+        &t[0..4],
+        &t[11..19]
+    );
+    let set_at = Instant::now();
+    imds.set_scheduled(&format!(
+        r#"[{{"NotBefore": "{imds_time}", "Code": "system-reboot", "Description": "scheduled reboot", "EventId": "instance-event-0d59937288b749b32", "NotAfter": "{imds_time}", "State": "active"}}]"#
+    ));
+    let s = agent.wait_for(Duration::from_secs(3), |s| {
+        s["pending_end"]["kind"] == "scheduled-maintenance"
+    });
+    assert!(s["summary"]
+        .as_str()
+        .is_some_and(|l| l.contains("scheduled-maintenance end at")));
+    std::thread::sleep(Duration::from_millis(800));
+    assert!(handler.signals().is_empty(), "not before deadline - lead");
+    wait(Duration::from_secs(6), "signal at deadline - lead", || {
+        handler.signals() == ["SIGUSR1"]
+    });
+    let at = set_at.elapsed();
+    assert!(
+        at >= Duration::from_millis(900) && at <= Duration::from_secs(4),
+        "fired {at:?} after the event was set (due about 2 s)"
+    );
+    assert!(agent.stop().success());
+}
+
+#[test]
+fn off_ec2_the_imds_source_is_off_without_touching_the_network() {
+    let host = Host::new();
+    let agent = Agent::start(&host.config(""), &host.socket());
+    let s = agent.snapshot().expect("snapshot");
+    let imds = s["sources"]
+        .as_array()
+        .expect("sources")
+        .iter()
+        .find(|x| x["source"] == "imds")
+        .expect("imds")
+        .clone();
+    assert_eq!(imds["state"], "off");
+    assert!(
+        imds["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("not an EC2 instance")),
+        "{imds}"
+    );
+    assert!(agent.stop().success());
+}
