@@ -17,6 +17,7 @@ use serde_json::Value;
 pub mod http;
 pub mod imds;
 pub mod kube_api;
+pub mod logind;
 
 /// Bus numbers of the fake GPUs, in index order.
 pub const GPU_BUSES: [u8; 8] = [0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];

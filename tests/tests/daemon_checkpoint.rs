@@ -308,3 +308,50 @@ fn off_ec2_the_imds_source_is_off_without_touching_the_network() {
     );
     assert!(agent.stop().success());
 }
+
+#[test]
+fn host_shutdown_holds_logind_until_the_targets_are_signalled() {
+    use gpu_agent_e2e::logind::FakeLogind;
+    let host = Host::new();
+    let imds = FakeImds::start();
+    let logind = FakeLogind::start(host.dir.path());
+    let dev = host.dir.path().join("dev");
+    std::fs::create_dir_all(&dev).expect("mkdir");
+    let gpu = dev.join("nvidia2");
+    std::fs::write(&gpu, "").expect("device");
+    let handler = Trainer::start(host.dir.path(), "handler", "usr1", Some(&gpu), &[]);
+    let agent = Agent::start(
+        &config(
+            &host,
+            &imds,
+            &format!("[logind]\nbus_address = {:?}\n", logind.address),
+        ),
+        &host.socket(),
+    );
+    agent.wait_for(Duration::from_secs(5), |s| {
+        s["sources"].as_array().is_some_and(|a| {
+            a.iter()
+                .any(|x| x["source"] == "logind" && x["state"] == "on")
+        })
+    });
+    assert_eq!(
+        logind.held(),
+        [("shutdown".to_string(), "delay".to_string())],
+        "a shutdown delay lock is held"
+    );
+
+    logind.prepare_for_shutdown(true);
+    wait(Duration::from_secs(5), "the lock released", || {
+        logind.held().is_empty()
+    });
+    assert_eq!(
+        handler.signals(),
+        ["SIGUSR1"],
+        "signalled before the lock was released"
+    );
+    let s = agent.wait_for(Duration::from_secs(2), |s| {
+        s["pending_end"]["kind"] == "shutdown"
+    });
+    assert_eq!(s["pending_end"]["signalled"], 1);
+    assert!(agent.stop().success());
+}

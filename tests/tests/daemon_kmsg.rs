@@ -166,7 +166,7 @@ fn a_flood_of_identical_lines_is_one_fault_with_a_count_and_two_log_lines() {
         "NVRM: Xid (PCI:{}): 95, pid=3, name=x, Uncontained: FBHUB. RST: Yes, D-RST: No",
         host.gpu_bdf(2)
     );
-    const FLOOD: u64 = 600;
+    const FLOOD: u64 = 300;
     for _ in 0..FLOOD {
         inject(&line);
     }

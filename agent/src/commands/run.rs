@@ -12,7 +12,7 @@ use crate::config::Loaded;
 use crate::core::{Core, StateStore};
 use crate::model::{NoticeKind, Observation, SourceKind, SourceState};
 use crate::sinks::{checkpoint, metrics, node_conditions, status, systemd};
-use crate::sources::{imds, kmsg, nvml};
+use crate::sources::{imds, kmsg, logind, nvml};
 
 /// Observations queued between sources and the core; a full queue slows the kernel-log
 /// reader (the kernel then overruns and we count the loss) instead of growing memory.
@@ -75,6 +75,17 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
         model.apply(Observation::Source(
             SourceKind::Nvml,
             SourceState::Off("disabled by [nvml] enabled = false".into()),
+        ));
+    }
+    if config.logind.enabled {
+        model.apply(Observation::Source(
+            SourceKind::Logind,
+            SourceState::Starting,
+        ));
+    } else {
+        model.apply(Observation::Source(
+            SourceKind::Logind,
+            SourceState::Off("disabled by [logind] enabled = false".into()),
         ));
     }
     if config.imds.enabled {
@@ -158,6 +169,20 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
             sysfs_root: config.sysfs.root.clone(),
         };
         tokio::spawn(imds::run(settings, sink_tx.clone(), shutdown.clone()));
+    }
+    if config.logind.enabled {
+        let settings = logind::Settings {
+            bus_address: Some(config.logind.bus_address.clone()).filter(|a| !a.is_empty()),
+            max_delay: config.logind.max_delay.0,
+            wait_for_checkpoint: config.checkpoint.enabled
+                && config.checkpoint.triggers.contains(&NoticeKind::Shutdown),
+        };
+        tokio::spawn(logind::run(
+            settings,
+            sink_tx.clone(),
+            snapshots.clone(),
+            shutdown.clone(),
+        ));
     }
     drop(sink_tx);
     if config.metrics.enabled {

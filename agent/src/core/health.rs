@@ -464,6 +464,12 @@ impl HealthModel {
                 })
                 .collect(),
             pending_end: self.pending_end(),
+            checkpoints: {
+                let mut all: Vec<crate::model::CheckpointReport> =
+                    self.checkpoints.values().cloned().collect();
+                all.sort_by(|a, b| a.notice_id.cmp(&b.notice_id));
+                all
+            },
             notices: {
                 let mut all: Vec<crate::model::Notice> =
                     self.notices.values().flatten().cloned().collect();

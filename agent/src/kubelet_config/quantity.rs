@@ -21,7 +21,7 @@ pub fn parse_mib(text: &str) -> Option<u64> {
 
 /// Format MiB the way the kubelet prints it.
 pub fn format_mib(mib: u64) -> String {
-    if mib > 0 && mib % 1024 == 0 {
+    if mib > 0 && mib.is_multiple_of(1024) {
         format!("{}Gi", mib / 1024)
     } else {
         format!("{mib}Mi")

@@ -187,6 +187,8 @@ pub struct HealthSnapshot {
     pub pending_end: Option<PendingEnd>,
     /// Every current notice.
     pub notices: Vec<super::Notice>,
+    /// What the checkpoint sink did for current notices.
+    pub checkpoints: Vec<super::CheckpointReport>,
     /// Kernel-log statistics.
     pub kmsg: KmsgStats,
     /// NVIDIA driver version (from NVML), if known.

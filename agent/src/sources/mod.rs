@@ -5,4 +5,5 @@
 
 pub mod imds;
 pub mod kmsg;
+pub mod logind;
 pub mod nvml;

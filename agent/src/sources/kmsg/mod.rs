@@ -202,13 +202,44 @@ pub fn read_snapshot(
     settings: Settings,
     counters: Arc<Counters>,
 ) -> Result<Vec<FaultReport>, KmsgError> {
-    let entries =
-        rmesg::kmsgfile::kmsg(Some(path_string(&settings.path))).map_err(|e| KmsgError::Open {
-            path: settings.path.clone(),
-            reason: e.to_string(),
-        })?;
-    let mut reader = RecordReader::new(settings, counters);
-    Ok(entries.iter().filter_map(|e| reader.on_entry(e)).collect())
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let open_err = |reason: String| KmsgError::Open {
+        path: settings.path.clone(),
+        reason,
+    };
+    // Non-blocking: /dev/kmsg returns one record per read and EAGAIN at the end. An overrun
+    // while reading (EPIPE) is carried on from, like the daemon does, instead of failing.
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(&settings.path)
+        .map_err(|e| open_err(e.to_string()))?;
+    let mut reader = RecordReader::new(settings.clone(), counters);
+    let mut reports = Vec::new();
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut pending = String::new();
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                pending.push_str(&String::from_utf8_lossy(&buf[..n]));
+                // A record device gives whole records; a dump file gives arbitrary chunks.
+                while let Some(end) = pending.find('\n') {
+                    let line: String = pending.drain(..=end).collect();
+                    if let Ok(entry) = rmesg::kmsgfile::entry_from_line(line.trim_end_matches('\n'))
+                    {
+                        reports.extend(reader.on_entry(&entry));
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) if e.raw_os_error() == Some(32) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(open_err(format!("reading: {e}"))),
+        }
+    }
+    Ok(reports)
 }
 
 /// Start following the kernel log on its own thread. Observations go to `tx`; the thread
