@@ -14,10 +14,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod ec2;
 pub mod http;
 pub mod imds;
 pub mod kube_api;
 pub mod logind;
+pub mod trainer;
 
 /// Bus numbers of the fake GPUs, in index order.
 pub const GPU_BUSES: [u8; 8] = [0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];
@@ -309,6 +311,11 @@ impl Agent {
         }
         let (code, out, _) = cli(&args);
         (code, out)
+    }
+
+    /// The daemon's PID.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
     }
 
     /// Everything the daemon logged so far.

@@ -1,81 +1,12 @@
 //! The real daemon, the test IMDS and real child processes: a notice becomes a checkpoint
 //! signal to the processes that handle it, once per notice, and never to one that does not.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use gpu_agent_e2e::imds::FakeImds;
+use gpu_agent_e2e::trainer::{rfc3339, Trainer};
 use gpu_agent_e2e::{cli, Agent, Host};
-
-const TRAINER: &str = r#"
-import os, signal, sys, time
-mode, marker, device = sys.argv[1], sys.argv[2], sys.argv[3]
-held = open(device) if device != "-" else None
-def handler(signum, frame):
-    with open(marker, "a") as f:
-        f.write(signal.Signals(signum).name + "\n")
-if mode == "usr1":
-    signal.signal(signal.SIGUSR1, handler)
-elif mode == "usr2":
-    signal.signal(signal.SIGUSR2, handler)
-open(marker + ".ready", "w").close()
-while True:
-    time.sleep(0.02)
-"#;
-
-struct Trainer {
-    child: Child,
-    marker: PathBuf,
-}
-
-impl Trainer {
-    fn start(
-        dir: &Path,
-        name: &str,
-        mode: &str,
-        device: Option<&Path>,
-        env: &[(&str, &str)],
-    ) -> Self {
-        let script = dir.join("trainer.py");
-        std::fs::write(&script, TRAINER).expect("script");
-        let marker = dir.join(format!("{name}.signals"));
-        let child = Command::new("python3")
-            .arg(&script)
-            .arg(mode)
-            .arg(&marker)
-            .arg(device.map_or_else(|| "-".into(), |d| d.to_string_lossy().into_owned()))
-            .envs(env.iter().copied())
-            .spawn()
-            .expect("python3");
-        let ready = marker.with_extension("signals.ready");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !ready.exists() {
-            assert!(Instant::now() < deadline, "trainer {name} did not start");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Self { child, marker }
-    }
-
-    fn signals(&self) -> Vec<String> {
-        std::fs::read_to_string(&self.marker)
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_string)
-            .collect()
-    }
-
-    fn alive(&mut self) -> bool {
-        self.child.try_wait().expect("wait").is_none()
-    }
-}
-
-impl Drop for Trainer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn wait(timeout: Duration, what: &str, mut pred: impl FnMut() -> bool) -> Duration {
     let started = Instant::now();
@@ -86,35 +17,16 @@ fn wait(timeout: Duration, what: &str, mut pred: impl FnMut() -> bool) -> Durati
     started.elapsed()
 }
 
-fn rfc3339(t: SystemTime) -> String {
-    let secs = t
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .expect("after epoch")
-        .as_secs();
-    let days = secs / 86_400;
-    // civil_from_days
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    let rem = secs % 86_400;
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
+/// The daemon under test scans the real /proc. Only the test that exercises the opt-in
+/// variable honours it, so daemons of tests running in parallel leave its processes alone.
+fn config(host: &Host, imds: &FakeImds, extra: &str) -> PathBuf {
+    config_with(host, imds, false, extra)
 }
 
-fn config(host: &Host, imds: &FakeImds, extra: &str) -> PathBuf {
+fn config_with(host: &Host, imds: &FakeImds, opt_in: bool, extra: &str) -> PathBuf {
     let dev = host.dir.path().join("dev");
     host.config(&format!(
-        "[procfs]\nroot = \"/proc\"\n[imds]\nendpoint = {:?}\npoll_interval = \"200ms\"\n[checkpoint]\ndevice_glob = \"{}/nvidia[0-9]*\"\n{extra}",
+        "[procfs]\nroot = \"/proc\"\n[imds]\nendpoint = {:?}\npoll_interval = \"200ms\"\n[checkpoint]\ndevice_glob = \"{}/nvidia[0-9]*\"\nopt_in_env = {opt_in}\n{extra}",
         imds.endpoint(),
         dev.display()
     ))
@@ -137,7 +49,7 @@ fn a_spot_notice_signals_handlers_once_and_never_a_process_without_one() {
         None,
         &[("GPU_AGENT_CHECKPOINT_SIGNAL", "SIGUSR2")],
     );
-    let config = config(&host, &imds, "");
+    let config = config_with(&host, &imds, true, "");
 
     // The drill shows who is in and who is out, and why.
     let (code, out, _) = cli(&[
@@ -353,5 +265,95 @@ fn host_shutdown_holds_logind_until_the_targets_are_signalled() {
         s["pending_end"]["kind"] == "shutdown"
     });
     assert_eq!(s["pending_end"]["signalled"], 1);
+    assert!(agent.stop().success());
+}
+
+#[test]
+fn a_capacity_block_end_fires_at_end_minus_30_minutes_minus_lead_and_iam_errors_name_the_action() {
+    use gpu_agent_e2e::ec2::FakeEc2;
+    let host = Host::new();
+    let imds = FakeImds::start();
+    let ec2 = FakeEc2::start();
+    let dev = host.dir.path().join("dev");
+    std::fs::create_dir_all(&dev).expect("mkdir");
+    let gpu = dev.join("nvidia3");
+    std::fs::write(&gpu, "").expect("device");
+    let handler = Trainer::start(host.dir.path(), "handler", "usr1", Some(&gpu), &[]);
+    // Termination starts at EndDate - 30 min; with a 2 s lead the signal is due 2 s from now.
+    let end = SystemTime::now() + Duration::from_secs(30 * 60 + 4);
+    {
+        let mut s = ec2.state.lock().expect("state");
+        s.reservation_id = Some("cr-0a1b2c3d4e5f67890".into());
+        s.reservation = Some(("capacity-block".into(), rfc3339(end)));
+    }
+    let extra = format!("[checkpoint.lead]\ncapacity-block = \"2s\"\n[ec2]\nendpoint = {:?}\npoll_interval = \"1s\"\n", ec2.endpoint());
+    let config = config(&host, &imds, &extra);
+    let agent = Agent::start_with_env(
+        &config,
+        &host.socket(),
+        &[
+            ("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE"),
+            ("AWS_SECRET_ACCESS_KEY", "secret"),
+            ("AWS_EC2_METADATA_DISABLED", "false"),
+        ],
+    );
+    let s = agent.wait_for(Duration::from_secs(10), |s| {
+        s["pending_end"]["kind"] == "capacity-block"
+    });
+    assert!(
+        s["pending_end"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("cr-0a1b2c3d4e5f67890")),
+        "{}",
+        s["pending_end"]
+    );
+    wait(
+        Duration::from_secs(8),
+        "signal at end - 30 min - lead",
+        || handler.signals() == ["SIGUSR1"],
+    );
+    let actions = ec2.state.lock().expect("state").actions.clone();
+    assert!(
+        actions.starts_with(&[
+            "DescribeInstances".to_string(),
+            "DescribeCapacityReservations".to_string()
+        ]),
+        "{actions:?}"
+    );
+    assert!(agent.stop().success());
+
+    // Without ec2:DescribeCapacityReservations, the source says so, naming the action.
+    ec2.state
+        .lock()
+        .expect("state")
+        .denied
+        .push("DescribeCapacityReservations".into());
+    let agent = Agent::start_with_env(
+        &config,
+        &host.socket(),
+        &[
+            ("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE"),
+            ("AWS_SECRET_ACCESS_KEY", "secret"),
+        ],
+    );
+    let s = agent.wait_for(Duration::from_secs(10), |s| {
+        s["sources"].as_array().is_some_and(|a| {
+            a.iter()
+                .any(|x| x["source"] == "capacity-block" && x["state"] == "failed")
+        })
+    });
+    let reason = s["sources"]
+        .as_array()
+        .expect("sources")
+        .iter()
+        .find(|x| x["source"] == "capacity-block")
+        .expect("source")["reason"]
+        .clone();
+    assert!(
+        reason.as_str().is_some_and(|r| r.contains(
+            "missing IAM permission ec2:DescribeCapacityReservations (UnauthorizedOperation)"
+        )),
+        "{reason}"
+    );
     assert!(agent.stop().success());
 }

@@ -70,6 +70,7 @@ impl HostFacts {
             device_glob: glob::Pattern::new(&config.checkpoint.device_glob)
                 .unwrap_or_else(|_| glob::Pattern::new("/dev/nvidia[0-9]*").unwrap_or_default()),
             exclude: config.checkpoint.exclude.clone(),
+            opt_in_env: config.checkpoint.opt_in_env,
         }
     }
 

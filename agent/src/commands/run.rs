@@ -12,7 +12,7 @@ use crate::config::Loaded;
 use crate::core::{Core, StateStore};
 use crate::model::{NoticeKind, Observation, SourceKind, SourceState};
 use crate::sinks::{checkpoint, metrics, node_conditions, status, systemd};
-use crate::sources::{imds, kmsg, logind, nvml};
+use crate::sources::{capacity_block, imds, kmsg, logind, nvml};
 
 /// Observations queued between sources and the core; a full queue slows the kernel-log
 /// reader (the kernel then overruns and we count the loss) instead of growing memory.
@@ -77,6 +77,12 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
             SourceState::Off("disabled by [nvml] enabled = false".into()),
         ));
     }
+    let ec2_state = if config.ec2.enabled {
+        SourceState::Starting
+    } else {
+        SourceState::Off("disabled by [ec2] enabled = false".into())
+    };
+    model.apply(Observation::Source(SourceKind::CapacityBlock, ec2_state));
     if config.logind.enabled {
         model.apply(Observation::Source(
             SourceKind::Logind,
@@ -169,6 +175,19 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
             sysfs_root: config.sysfs.root.clone(),
         };
         tokio::spawn(imds::run(settings, sink_tx.clone(), shutdown.clone()));
+    }
+    if config.ec2.enabled {
+        let settings = capacity_block::Settings {
+            imds_endpoint: Some(config.imds.endpoint.clone()).filter(|e| !e.is_empty()),
+            ec2_endpoint: Some(config.ec2.endpoint.clone()).filter(|e| !e.is_empty()),
+            poll_interval: config.ec2.poll_interval.0,
+            sysfs_root: config.sysfs.root.clone(),
+        };
+        tokio::spawn(capacity_block::run(
+            settings,
+            sink_tx.clone(),
+            shutdown.clone(),
+        ));
     }
     if config.logind.enabled {
         let settings = logind::Settings {

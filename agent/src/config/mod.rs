@@ -106,6 +106,8 @@ pub struct CheckpointConfig {
     pub device_glob: String,
     /// Process names never signalled, beyond the built-in system daemons.
     pub exclude: Vec<String>,
+    /// Honour `GPU_AGENT_CHECKPOINT_SIGNAL` in process environments (opt-in targets).
+    pub opt_in_env: bool,
 }
 
 /// `[checkpoint.lead]`.
@@ -141,6 +143,7 @@ impl Default for CheckpointConfig {
             lead: LeadConfig::default(),
             device_glob: "/dev/nvidia[0-9]*".into(),
             exclude: Vec::new(),
+            opt_in_env: true,
         }
     }
 }

@@ -3,6 +3,7 @@
 //!
 //! [`Observation`]: crate::model::Observation
 
+pub mod capacity_block;
 pub mod imds;
 pub mod kmsg;
 pub mod logind;

@@ -73,6 +73,8 @@ pub struct Selection {
     pub device_glob: glob::Pattern,
     /// Extra names never signalled.
     pub exclude: Vec<String>,
+    /// Honour the opt-in variable.
+    pub opt_in_env: bool,
 }
 
 fn read(path: &Path) -> Option<String> {
@@ -132,7 +134,11 @@ pub fn scan(sel: &Selection) -> Vec<Candidate> {
         let Some((name, ppid, start_time)) = stat(&sel.procfs, pid) else {
             continue;
         };
-        let environ = std::fs::read(dir.join("environ")).unwrap_or_default();
+        let environ = if sel.opt_in_env {
+            std::fs::read(dir.join("environ")).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
         let opt_in = environ.split(|b| *b == 0).find_map(|kv| {
             std::str::from_utf8(kv)
                 .ok()?

@@ -1,0 +1,229 @@
+//! The Capacity Block source: when this instance runs in an EC2 Capacity Block, its end is
+//! known in advance. EC2 starts terminating instances 30 minutes before the reservation's
+//! `EndDate`, so the notice's deadline is `EndDate - 30 min`.
+//!
+//! DescribeInstances (this instance) -> `CapacityReservationId` ->
+//! DescribeCapacityReservations -> a `capacity-block` reservation's `EndDate`. Instance id and
+//! region come from IMDS; credentials from the default chain (the instance role). A missing
+//! IAM permission is reported naming the action.
+
+use std::time::{Duration, SystemTime};
+
+use aws_sdk_ec2::error::ProvideErrorMetadata;
+use tokio::sync::mpsc;
+
+use crate::model::{Notice, NoticeKind, Observation, SourceKind, SourceState};
+use crate::shutdown::Shutdown;
+
+/// EC2 begins terminating a Capacity Block's instances this long before its end.
+pub const TERMINATION_LEAD: Duration = Duration::from_secs(30 * 60);
+
+/// What the source needs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// IMDS endpoint override (instance id, region).
+    pub imds_endpoint: Option<String>,
+    /// EC2 endpoint override.
+    pub ec2_endpoint: Option<String>,
+    /// How often the reservation is read again.
+    pub poll_interval: Duration,
+    /// sysfs root (EC2 detection).
+    pub sysfs_root: std::path::PathBuf,
+}
+
+/// Why the end could not be learned.
+#[derive(Debug, thiserror::Error)]
+pub enum CapacityError {
+    /// IMDS did not give the instance id or region.
+    #[error("IMDS {what}: {reason}")]
+    Imds {
+        /// What was asked.
+        what: &'static str,
+        /// Why it failed.
+        reason: String,
+    },
+    /// The instance role lacks a permission.
+    #[error("missing IAM permission ec2:{action} ({code}): {message}")]
+    Permission {
+        /// The EC2 action.
+        action: &'static str,
+        /// EC2's error code.
+        code: String,
+        /// EC2's message.
+        message: String,
+    },
+    /// Any other EC2 failure.
+    #[error("ec2:{action}: {reason}")]
+    Ec2 {
+        /// The EC2 action.
+        action: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+fn ec2_error<
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug + Send + Sync + 'static,
+>(
+    action: &'static str,
+    e: aws_sdk_ec2::error::SdkError<E, R>,
+) -> CapacityError {
+    if let Some(service) = e.as_service_error() {
+        let code = service.code().unwrap_or_default().to_string();
+        let message = service.message().unwrap_or_default().to_string();
+        if code == "UnauthorizedOperation"
+            || code == "AccessDenied"
+            || code.contains("NotAuthorized")
+        {
+            return CapacityError::Permission {
+                action,
+                code,
+                message,
+            };
+        }
+        return CapacityError::Ec2 {
+            action,
+            reason: format!("{code}: {message}"),
+        };
+    }
+    CapacityError::Ec2 {
+        action,
+        reason: format!("{}", aws_sdk_ec2::error::DisplayErrorContext(&e)),
+    }
+}
+
+/// The Capacity Block notice for this instance, if it runs in one.
+pub async fn lookup(settings: &Settings) -> Result<Option<Notice>, CapacityError> {
+    let imds = super::imds::client(settings.imds_endpoint.as_deref()).map_err(|reason| {
+        CapacityError::Imds {
+            what: "client",
+            reason,
+        }
+    })?;
+    let get = |path: &'static str| {
+        let imds = imds.clone();
+        async move {
+            imds.get(format!("/latest/meta-data/{path}"))
+                .await
+                .map(|v| v.as_ref().trim().to_string())
+                .map_err(|e| CapacityError::Imds {
+                    what: path,
+                    reason: e.to_string(),
+                })
+        }
+    };
+    let instance_id = get("instance-id").await?;
+    let region = get("placement/region").await?;
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new(region));
+    if let Some(endpoint) = &settings.ec2_endpoint {
+        loader = loader.endpoint_url(endpoint);
+    }
+    if let Some(endpoint) = &settings.imds_endpoint {
+        // The instance role's credentials come from the same (test) IMDS.
+        let provider = aws_config::imds::credentials::ImdsCredentialsProvider::builder()
+            .imds_client(imds.clone())
+            .build();
+        if std::env::var_os("AWS_ACCESS_KEY_ID").is_none() {
+            loader = loader.credentials_provider(provider);
+        }
+        let _ = endpoint;
+    }
+    let client = aws_sdk_ec2::Client::new(&loader.load().await);
+    let instances = client
+        .describe_instances()
+        .instance_ids(&instance_id)
+        .send()
+        .await
+        .map_err(|e| ec2_error("DescribeInstances", e))?;
+    let reservation_id = instances
+        .reservations()
+        .iter()
+        .flat_map(|r| r.instances())
+        .find_map(|i| i.capacity_reservation_id().map(str::to_string));
+    let Some(reservation_id) = reservation_id else {
+        return Ok(None);
+    };
+    let reservations = client
+        .describe_capacity_reservations()
+        .capacity_reservation_ids(&reservation_id)
+        .send()
+        .await
+        .map_err(|e| ec2_error("DescribeCapacityReservations", e))?;
+    let Some(r) = reservations
+        .capacity_reservations()
+        .iter()
+        .find(|r| r.capacity_reservation_id() == Some(reservation_id.as_str()))
+    else {
+        return Ok(None);
+    };
+    if r.reservation_type().map(|t| t.as_str()) != Some("capacity-block") {
+        return Ok(None);
+    }
+    let Some(end) = r.end_date() else {
+        return Ok(None);
+    };
+    let end = SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(end.secs()).unwrap_or(0));
+    let deadline = end.checked_sub(TERMINATION_LEAD).unwrap_or(end);
+    Ok(Some(Notice {
+        id: format!(
+            "capacity-block:{reservation_id}:{}",
+            crate::model::time::rfc3339(end)
+        ),
+        kind: NoticeKind::CapacityBlock,
+        deadline,
+        detail: format!(
+            "Capacity Block {reservation_id} ends {}; termination starts 30 minutes before",
+            crate::model::time::rfc3339(end)
+        ),
+        source: SourceKind::CapacityBlock,
+    }))
+}
+
+/// Run until shutdown.
+pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown: Shutdown) {
+    let state = |s| Observation::Source(SourceKind::CapacityBlock, s);
+    if settings.ec2_endpoint.is_none() && settings.imds_endpoint.is_none() {
+        if let Err(reason) = super::imds::ec2(&settings.sysfs_root) {
+            let _ = tx.send(state(SourceState::Off(reason))).await;
+            return;
+        }
+    }
+    let mut last_error: Option<String> = None;
+    let mut last: Option<Vec<Notice>> = None;
+    loop {
+        match lookup(&settings).await {
+            Ok(notice) => {
+                if last_error.take().is_some() || last.is_none() {
+                    let _ = tx.send(state(SourceState::On)).await;
+                }
+                let notices: Vec<Notice> = notice.into_iter().collect();
+                if last.as_ref() != Some(&notices) {
+                    if let Some(n) = notices.first() {
+                        tracing::info!(deadline = %crate::model::time::rfc3339(n.deadline), detail = %n.detail, "Capacity Block end known.");
+                    }
+                    last = Some(notices.clone());
+                    let _ = tx
+                        .send(Observation::Notices {
+                            source: SourceKind::CapacityBlock,
+                            notices,
+                        })
+                        .await;
+                }
+            }
+            Err(e) => {
+                let reason = e.to_string();
+                if last_error.as_deref() != Some(&reason) {
+                    tracing::warn!(%reason, "Cannot learn the Capacity Block end.");
+                    let _ = tx.send(state(SourceState::Failed(reason.clone()))).await;
+                    last_error = Some(reason);
+                }
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(settings.poll_interval) => {}
+            () = shutdown.wait() => return,
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! Real child processes for the checkpoint tests: a python3 "trainer" that holds a device
+//! file and handles SIGUSR1 or SIGUSR2 (or nothing), recording each signal it gets.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant, SystemTime};
+
+const TRAINER: &str = r#"
+import os, signal, sys, time
+mode, marker, device = sys.argv[1], sys.argv[2], sys.argv[3]
+held = open(device) if device != "-" else None
+def handler(signum, frame):
+    with open(marker, "a") as f:
+        f.write(signal.Signals(signum).name + "\n")
+if mode == "usr1":
+    signal.signal(signal.SIGUSR1, handler)
+elif mode == "usr2":
+    signal.signal(signal.SIGUSR2, handler)
+open(marker + ".ready", "w").close()
+while True:
+    time.sleep(0.02)
+"#;
+
+/// A running trainer process.
+pub struct Trainer {
+    /// The process.
+    pub child: Child,
+    marker: PathBuf,
+}
+
+impl Trainer {
+    /// Start one: `mode` is usr1, usr2 or none; `device` is held open.
+    pub fn start(
+        dir: &Path,
+        name: &str,
+        mode: &str,
+        device: Option<&Path>,
+        env: &[(&str, &str)],
+    ) -> Self {
+        let script = dir.join("trainer.py");
+        std::fs::write(&script, TRAINER).expect("script");
+        let marker = dir.join(format!("{name}.signals"));
+        let child = Command::new("python3")
+            .arg(&script)
+            .arg(mode)
+            .arg(&marker)
+            .arg(device.map_or_else(|| "-".into(), |d| d.to_string_lossy().into_owned()))
+            .envs(env.iter().copied())
+            .spawn()
+            .expect("python3");
+        let ready = marker.with_extension("signals.ready");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !ready.exists() {
+            assert!(Instant::now() < deadline, "trainer {name} did not start");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Self { child, marker }
+    }
+
+    /// Signals received so far, in order.
+    pub fn signals(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.marker)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Still running?
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().expect("wait").is_none()
+    }
+}
+
+impl Drop for Trainer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// RFC 3339 (UTC, seconds) without a date library.
+pub fn rfc3339(t: SystemTime) -> String {
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("after epoch")
+        .as_secs();
+    let days = secs / 86_400;
+    // civil_from_days
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let rem = secs % 86_400;
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
