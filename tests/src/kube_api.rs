@@ -54,6 +54,8 @@ pub struct State {
     pub nodes: BTreeMap<String, Value>,
     /// Events by name (namespace `default`).
     pub events: BTreeMap<String, Value>,
+    /// Pods (listed by `spec.nodeName`).
+    pub pods: Vec<Value>,
     /// Answer mode.
     pub mode: Mode,
     /// Delay before every answer.
@@ -93,6 +95,7 @@ impl KubeApi {
         let state = Arc::new(Mutex::new(State {
             nodes: map,
             events: BTreeMap::new(),
+            pods: Vec::new(),
             mode: Mode::Normal,
             delay: Duration::ZERO,
             requests: Vec::new(),
@@ -147,6 +150,20 @@ impl KubeApi {
             .iter()
             .find(|c| c["type"] == type_)
             .cloned()
+    }
+
+    /// Add a pod running on `node`.
+    pub fn add_pod(&self, namespace: &str, name: &str, uid: &str, node: &str) {
+        self.state.lock().expect("state").pods.push(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": name, "namespace": namespace, "uid": uid },
+            "spec": { "nodeName": node, "containers": [] }
+        }));
+    }
+
+    /// A stored node.
+    pub fn node(&self, name: &str) -> Option<Value> {
+        self.state.lock().expect("state").nodes.get(name).cloned()
     }
 
     /// All stored Events.
@@ -225,6 +242,7 @@ fn merge(target: &mut Value, patch: &Value) {
 async fn handle(req: Request<Incoming>, state: Arc<Mutex<State>>) -> Response<Full<Bytes>> {
     let method = req.method().to_string();
     let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or_default().to_string();
     let content_type = req
         .headers()
         .get(hyper::header::CONTENT_TYPE)
@@ -288,6 +306,53 @@ async fn handle(req: Request<Incoming>, state: Arc<Mutex<State>>) -> Response<Fu
     };
     let mut s = state.lock().expect("state");
     match (method.as_str(), parts.as_slice()) {
+        ("GET", ["api", "v1", "pods"]) => {
+            let node = query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("fieldSelector="))
+                .map(|v| v.replace("%3D", "=").replace("%3d", "="));
+            let items: Vec<Value> = s
+                .pods
+                .iter()
+                .filter(|p| {
+                    node.as_deref().is_none_or(|sel| {
+                        sel == format!(
+                            "spec.nodeName={}",
+                            p["spec"]["nodeName"].as_str().unwrap_or_default()
+                        )
+                    })
+                })
+                .cloned()
+                .collect();
+            respond(
+                StatusCode::OK,
+                json!({ "apiVersion": "v1", "kind": "PodList", "metadata": { "resourceVersion": "1" }, "items": items }),
+            )
+        }
+        ("PATCH", ["api", "v1", "nodes", name]) => {
+            if content_type != "application/merge-patch+json"
+                && content_type != "application/strategic-merge-patch+json"
+            {
+                return status(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "UnsupportedMediaType",
+                    format!("unsupported media type {content_type}"),
+                    json!({}),
+                );
+            }
+            match (parsed, s.nodes.get_mut(*name)) {
+                (Some(patch), Some(node)) => {
+                    merge(node, &patch);
+                    respond(StatusCode::OK, node.clone())
+                }
+                _ => status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    format!("nodes \"{name}\" not found"),
+                    json!({ "name": name, "kind": "nodes" }),
+                ),
+            }
+        }
         ("GET", ["api", "v1", "nodes", name]) => match s.nodes.get(*name) {
             Some(node) => respond(StatusCode::OK, node.clone()),
             None => status(

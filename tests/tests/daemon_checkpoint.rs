@@ -357,3 +357,94 @@ fn a_capacity_block_end_fires_at_end_minus_30_minutes_minus_lead_and_iam_errors_
     );
     assert!(agent.stop().success());
 }
+
+/// Move `pid` into a kubepods cgroup (v1 `pids` hierarchy) so its cgroup names a pod UID, as
+/// the kubelet's would; removed when dropped.
+struct PodCgroup(PathBuf);
+
+impl PodCgroup {
+    fn enter(uid: &str, pid: u32) -> Option<Self> {
+        let dir = PathBuf::from(format!("/sys/fs/cgroup/pids/kubepods/burstable/pod{uid}"));
+        std::fs::create_dir_all(&dir).ok()?;
+        std::fs::write(dir.join("cgroup.procs"), pid.to_string()).ok()?;
+        Some(Self(dir))
+    }
+}
+
+impl Drop for PodCgroup {
+    fn drop(&mut self) {
+        if let Ok(procs) = std::fs::read_to_string(self.0.join("cgroup.procs")) {
+            for pid in procs.lines() {
+                let _ = std::fs::write("/sys/fs/cgroup/pids/cgroup.procs", pid);
+            }
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn a_target_in_a_pod_gets_an_event_and_cordon_is_opt_in() {
+    use gpu_agent_e2e::kube_api::KubeApi;
+    let host = Host::new();
+    let imds = FakeImds::start();
+    let api = KubeApi::start(&["gpu-node-7"]);
+    let dev = host.dir.path().join("dev");
+    std::fs::create_dir_all(&dev).expect("mkdir");
+    let gpu = dev.join("nvidia4");
+    std::fs::write(&gpu, "").expect("device");
+    let handler = Trainer::start(host.dir.path(), "handler", "usr1", Some(&gpu), &[]);
+    let uid = "1b4c7e9a-2f6d-4c1e-9a0b-3d5e7f9a1c2b";
+    let Some(_cgroup) = PodCgroup::enter(uid, handler.child.id()) else {
+        eprintln!("skipping: cannot create a kubepods cgroup here");
+        return;
+    };
+    api.add_pod("ml", "trainer-0", uid, "gpu-node-7");
+    // The helper's [checkpoint] table gets cordon; node name and kubeconfig go on top.
+    let config = config(&host, &imds, "");
+    let text = std::fs::read_to_string(&config).expect("config").replace(
+        "opt_in_env = false\n",
+        "opt_in_env = false\ncordon = true\n",
+    );
+    let text = format!(
+        "node_name = \"gpu-node-7\"\n{text}\n[kubernetes]\nkubeconfig = {:?}\n",
+        api.kubeconfig(host.dir.path())
+    );
+    std::fs::write(&config, text).expect("config");
+    let agent = Agent::start(&config, &host.socket());
+    let deadline = rfc3339(SystemTime::now() + Duration::from_secs(120));
+    imds.set_spot(Some(&format!(
+        r#"{{"action": "terminate", "time": "{deadline}"}}"#
+    )));
+    wait(Duration::from_secs(5), "the signal", || {
+        handler.signals() == ["SIGUSR1"]
+    });
+    wait(Duration::from_secs(5), "the pod Event", || {
+        api.events().iter().any(|e| {
+            e["reason"] == "CheckpointSignal" && e["involvedObject"]["name"] == "trainer-0"
+        })
+    });
+    let event = api
+        .events()
+        .into_iter()
+        .find(|e| e["reason"] == "CheckpointSignal")
+        .expect("event");
+    assert_eq!(
+        (
+            event["metadata"]["namespace"].as_str(),
+            event["involvedObject"]["kind"].as_str(),
+            event["involvedObject"]["uid"].as_str()
+        ),
+        (Some("ml"), Some("Pod"), Some(uid))
+    );
+    assert!(
+        event["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("SIGUSR1") && m.contains("spot notice")),
+        "{event}"
+    );
+    wait(Duration::from_secs(3), "cordon", || {
+        api.node("gpu-node-7")
+            .is_some_and(|n| n["spec"]["unschedulable"] == true)
+    });
+    assert!(agent.stop().success());
+}

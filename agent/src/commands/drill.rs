@@ -45,6 +45,6 @@ pub fn checkpoint(loaded: &Loaded, dry_run: bool) -> anyhow::Result<u8> {
         source: SourceKind::Logind,
     };
     let (signalled, skipped) = checkpoint::signal_targets(&selection, &notice, None);
-    println!("\ndrill: {signalled} signalled, {skipped} skipped");
+    println!("\ndrill: {} signalled, {skipped} skipped", signalled.len());
     Ok(0)
 }

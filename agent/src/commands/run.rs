@@ -158,6 +158,11 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
             ]
             .into(),
             state_file: config.state_dir.join("checkpoint.json"),
+            kubernetes: config
+                .kubernetes
+                .enabled
+                .then(|| (config.kubernetes.kubeconfig.clone(), host.node_name.clone())),
+            cordon: c.cordon,
         };
         let metrics = checkpoint::CheckpointMetrics::register(&mut registry);
         tokio::spawn(checkpoint::run(

@@ -108,6 +108,9 @@ pub struct CheckpointConfig {
     pub exclude: Vec<String>,
     /// Honour `GPU_AGENT_CHECKPOINT_SIGNAL` in process environments (opt-in targets).
     pub opt_in_env: bool,
+    /// Also cordon the node on a notice (for clusters without a termination handler; needs
+    /// patch on nodes).
+    pub cordon: bool,
 }
 
 /// `[checkpoint.lead]`.
@@ -144,6 +147,7 @@ impl Default for CheckpointConfig {
             device_glob: "/dev/nvidia[0-9]*".into(),
             exclude: Vec::new(),
             opt_in_env: true,
+            cordon: false,
         }
     }
 }

@@ -46,6 +46,10 @@ pub struct Settings {
     pub lead: HashMap<NoticeKind, Duration>,
     /// `<state_dir>/checkpoint.json`.
     pub state_file: PathBuf,
+    /// Where to post pod Events (and cordon): kubeconfig and node name; `None`: standalone.
+    pub kubernetes: Option<(PathBuf, String)>,
+    /// Cordon the node on a notice (for clusters without a termination handler).
+    pub cordon: bool,
 }
 
 /// Labels of the per-kind counters.
@@ -150,13 +154,14 @@ fn fault_notices(snapshot: &HealthSnapshot) -> Vec<Notice> {
         .collect()
 }
 
-/// Signal every target for `notice` (blocking: procfs scan and syscalls). Returns (signalled, skipped).
+/// Signal every target for `notice` (blocking: procfs scan and syscalls). Returns the
+/// processes signalled and the number skipped.
 pub fn signal_targets(
     selection: &Selection,
     notice: &Notice,
     metrics: Option<&CheckpointMetrics>,
-) -> (u32, u32) {
-    let (mut signalled, mut skipped) = (0, 0);
+) -> (Vec<Candidate>, u32) {
+    let (mut signalled, mut skipped) = (Vec::new(), 0);
     for c in scan(selection) {
         let Some(signal) = c.signal.as_deref().and_then(parse_signal) else {
             skipped += 1;
@@ -179,7 +184,6 @@ pub fn signal_targets(
         };
         match send(&selection.procfs, c.pid, c.start_time, signal) {
             Ok(()) => {
-                signalled += 1;
                 if let Some(m) = metrics {
                     m.signalled
                         .get_or_create(&KindLabels {
@@ -194,8 +198,9 @@ pub fn signal_targets(
                     trigger = %notice.kind,
                     deadline = %crate::model::time::rfc3339(notice.deadline),
                     pod_uid = c.pod_uid.as_deref().unwrap_or("-"),
-                    "Signalled to checkpoint."
+                                        "Signalled to checkpoint."
                 );
+                signalled.push(c);
             }
             Err(e) => {
                 skipped += 1;
@@ -268,10 +273,14 @@ pub async fn run(
                 .inc();
             let (selection, n) = (settings.selection.clone(), notice.clone());
             let m = metrics.clone();
-            let (signalled, skipped) =
+            let (targets, skipped) =
                 tokio::task::spawn_blocking(move || signal_targets(&selection, &n, Some(&m)))
                     .await
-                    .unwrap_or((0, 0));
+                    .unwrap_or_default();
+            let signalled = u32::try_from(targets.len()).unwrap_or(u32::MAX);
+            if let Some((kubeconfig, node)) = &settings.kubernetes {
+                tell_kubernetes(kubeconfig, node, notice, &targets, settings.cordon).await;
+            }
             // Latency from when it was due: at once, or at deadline - lead.
             let due_since = if at_once {
                 seen.elapsed()
@@ -298,6 +307,81 @@ pub async fn run(
             changed = snapshots.changed() => if changed.is_err() { return },
             () = tokio::time::sleep(sleep) => {}
             () = shutdown.wait() => return,
+        }
+    }
+}
+
+/// Post an Event on each signalled target's pod, and cordon when asked. Best effort: the
+/// signal already went out; a failure here is logged.
+async fn tell_kubernetes(
+    kubeconfig: &std::path::Path,
+    node: &str,
+    notice: &Notice,
+    targets: &[Candidate],
+    cordon: bool,
+) {
+    let in_pods: Vec<&Candidate> = targets.iter().filter(|c| c.pod_uid.is_some()).collect();
+    if in_pods.is_empty() && !cordon {
+        return;
+    }
+    let api = match crate::sinks::node_conditions::connect(kubeconfig).await {
+        Ok(client) => crate::sinks::node_conditions::NodeApi::new(client, node),
+        Err(e) => {
+            tracing::info!(error = %e, "No pod Events or cordon: Kubernetes not reachable.");
+            return;
+        }
+    };
+    if cordon {
+        match api.cordon().await {
+            Ok(()) => {
+                tracing::warn!(node, kind = %notice.kind, "Node cordoned ([checkpoint] cordon = true).")
+            }
+            Err(e) => tracing::warn!(error = %e, "Cannot cordon the node."),
+        }
+    }
+    if in_pods.is_empty() {
+        return;
+    }
+    let pods = match api.pods_on_node().await {
+        Ok(pods) => pods,
+        Err(e) => {
+            tracing::warn!(error = %e, "Cannot list this node's pods for checkpoint Events.");
+            return;
+        }
+    };
+    let now = crate::model::time::rfc3339(std::time::SystemTime::now());
+    for c in in_pods {
+        let Some((uid, namespace, name)) = pods
+            .iter()
+            .find(|(uid, ..)| Some(uid) == c.pod_uid.as_ref())
+        else {
+            continue;
+        };
+        let hash = format!("{}|{}", notice.id, c.pid)
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+        let event = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": { "name": format!("{name}.gpu-agent.{hash:016x}"), "namespace": namespace },
+            "involvedObject": { "apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace, "uid": uid },
+            "reason": "CheckpointSignal",
+            "message": format!(
+                "gpu-agent sent {} to pid {} ({}): {} notice, instance ends at {}",
+                c.signal.as_deref().unwrap_or("-"), c.pid, c.name, notice.kind, crate::model::time::rfc3339(notice.deadline)
+            ),
+            "type": "Warning",
+            "count": 1,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "source": { "component": "gpu-agent", "host": node },
+            "reportingComponent": "gpu-agent",
+            "reportingInstance": node,
+        });
+        if let Err(e) = api.create_event_in(namespace, &event).await {
+            tracing::warn!(error = %e, pod = %name, "Cannot post the checkpoint Event on the pod.");
         }
     }
 }

@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
-use k8s_openapi::api::core::v1::{Event, Node};
-use kube::api::{Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
@@ -221,6 +221,57 @@ impl NodeApi {
             .await
             .map(|_| ())
             .map_err(|e| ApiError::from_kube("POST", "namespaces/default/events".into(), e))
+    }
+
+    /// Pods on this node: `(uid, namespace, name)`.
+    pub async fn pods_on_node(&self) -> Result<Vec<(String, String, String)>, ApiError> {
+        let pods: Api<Pod> = Api::all(self.events.clone().into_client());
+        let list = pods
+            .list(&ListParams::default().fields(&format!("spec.nodeName={}", self.node)))
+            .await
+            .map_err(|e| ApiError::from_kube("LIST", "pods".into(), e))?;
+        Ok(list
+            .items
+            .into_iter()
+            .map(|p| {
+                (
+                    p.metadata.uid.unwrap_or_default(),
+                    p.metadata.namespace.unwrap_or_default(),
+                    p.metadata.name.unwrap_or_default(),
+                )
+            })
+            .collect())
+    }
+
+    /// POST an Event in `namespace` (a pod's).
+    pub async fn create_event_in(
+        &self,
+        namespace: &str,
+        event: &serde_json::Value,
+    ) -> Result<(), ApiError> {
+        let typed: Event = serde_json::from_value(event.clone()).map_err(|e| ApiError::Status {
+            verb: "POST",
+            resource: format!("namespaces/{namespace}/events"),
+            code: 0,
+            reason: "Encode".into(),
+            message: e.to_string(),
+        })?;
+        let events: Api<Event> = Api::namespaced(self.events.clone().into_client(), namespace);
+        events
+            .create(&PostParams::default(), &typed)
+            .await
+            .map(|_| ())
+            .map_err(|e| ApiError::from_kube("POST", format!("namespaces/{namespace}/events"), e))
+    }
+
+    /// Cordon the node (`spec.unschedulable = true`).
+    pub async fn cordon(&self) -> Result<(), ApiError> {
+        let body = serde_json::json!({ "spec": { "unschedulable": true } });
+        self.nodes
+            .patch(&self.node, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .map(|_| ())
+            .map_err(|e| ApiError::from_kube("PATCH", format!("nodes/{}", self.node), e))
     }
 
     /// Merge-PATCH an Event (count, timestamps, message).
