@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use gpu_agent_e2e::imds::FakeImds;
-use gpu_agent_e2e::trainer::{rfc3339, Trainer};
+use gpu_agent_e2e::trainer::{gpu_device, rfc3339, Trainer};
 use gpu_agent_e2e::{Agent, Host};
 
 fn cpu_ticks(pid: u32) -> u64 {
@@ -32,15 +32,12 @@ fn cpu_ticks(pid: u32) -> u64 {
 fn main() {
     let host = Host::new();
     let imds = FakeImds::start();
-    let dev = host.dir.path().join("dev");
-    std::fs::create_dir_all(&dev).expect("mkdir");
-    let gpu = dev.join("nvidia0");
-    std::fs::write(&gpu, "").expect("device");
+    let gpu = gpu_device(host.dir.path(), "nvidia0");
     let trainer = Trainer::start(host.dir.path(), "bench", "usr1", Some(&gpu), &[]);
     let config = host.config(&format!(
         "[procfs]\nroot = \"/proc\"\n[imds]\nendpoint = {:?}\npoll_interval = \"1s\"\n[checkpoint]\ndevice_glob = \"{}/nvidia[0-9]*\"\n[ec2]\nenabled = false\n[logind]\nenabled = false\n",
         imds.endpoint(),
-        dev.display()
+        host.dir.path().join("dev").display()
     ));
     let agent = Agent::start(&config, &host.socket());
     let pid = agent.pid();

@@ -9,7 +9,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::Request;
 
-use crate::http::{respond, Handler, Reply, Server};
+use crate::http::{respond, Server};
 
 /// What the endpoint holds.
 #[derive(Debug, Default)]
@@ -35,14 +35,8 @@ pub struct FakeEc2 {
 impl FakeEc2 {
     /// Start on a free loopback port.
     pub fn start() -> Self {
-        let state = Arc::new(Mutex::new(Ec2State::default()));
-        let shared = Arc::clone(&state);
-        let handler: Handler =
-            Arc::new(move |req| -> Reply { Box::pin(handle(req, Arc::clone(&shared))) });
-        Self {
-            state,
-            server: Server::start("127.0.0.1:0".parse().expect("addr"), handler),
-        }
+        let (state, server) = crate::http::start_with_state(handle);
+        Self { state, server }
     }
 
     /// `http://127.0.0.1:PORT`.

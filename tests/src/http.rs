@@ -86,6 +86,23 @@ impl Drop for Server {
     }
 }
 
+/// Start a server on a free loopback port whose handler gets shared state `S`.
+pub fn start_with_state<S, F, Fut>(handle: F) -> (Arc<std::sync::Mutex<S>>, Server)
+where
+    S: Default + Send + 'static,
+    F: Fn(Request<Incoming>, Arc<std::sync::Mutex<S>>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
+    let state = Arc::new(std::sync::Mutex::new(S::default()));
+    let shared = Arc::clone(&state);
+    let handler: Handler =
+        Arc::new(move |req| -> Reply { Box::pin(handle(req, Arc::clone(&shared))) });
+    (
+        state,
+        Server::start("127.0.0.1:0".parse().expect("addr"), handler),
+    )
+}
+
 /// A response with a status, content type and body.
 pub fn respond(status: u16, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body)));

@@ -79,6 +79,15 @@ impl Drop for Trainer {
     }
 }
 
+/// A fake GPU device file `<dir>/dev/<name>` for `device_glob` to match.
+pub fn gpu_device(dir: &Path, name: &str) -> PathBuf {
+    let dev = dir.join("dev");
+    std::fs::create_dir_all(&dev).expect("mkdir dev");
+    let path = dev.join(name);
+    std::fs::write(&path, "").expect("device file");
+    path
+}
+
 /// RFC 3339 (UTC, seconds) without a date library.
 pub fn rfc3339(t: SystemTime) -> String {
     let secs = t

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use gpu_agent_e2e::imds::FakeImds;
-use gpu_agent_e2e::trainer::{rfc3339, Trainer};
+use gpu_agent_e2e::trainer::{gpu_device, rfc3339, Trainer};
 use gpu_agent_e2e::{cli, Agent, Host};
 
 fn wait(timeout: Duration, what: &str, mut pred: impl FnMut() -> bool) -> Duration {
@@ -36,10 +36,7 @@ fn config_with(host: &Host, imds: &FakeImds, opt_in: bool, extra: &str) -> PathB
 fn a_spot_notice_signals_handlers_once_and_never_a_process_without_one() {
     let host = Host::new();
     let imds = FakeImds::start();
-    let dev = host.dir.path().join("dev");
-    std::fs::create_dir_all(&dev).expect("mkdir");
-    let gpu = dev.join("nvidia0");
-    std::fs::write(&gpu, "").expect("device");
+    let gpu = gpu_device(host.dir.path(), "nvidia0");
     let handler = Trainer::start(host.dir.path(), "handler", "usr1", Some(&gpu), &[]);
     let mut bystander = Trainer::start(host.dir.path(), "bystander", "none", Some(&gpu), &[]);
     let opted_in = Trainer::start(
@@ -146,10 +143,7 @@ fn a_spot_notice_signals_handlers_once_and_never_a_process_without_one() {
 fn scheduled_maintenance_fires_at_deadline_minus_lead() {
     let host = Host::new();
     let imds = FakeImds::start();
-    let dev = host.dir.path().join("dev");
-    std::fs::create_dir_all(&dev).expect("mkdir");
-    let gpu = dev.join("nvidia1");
-    std::fs::write(&gpu, "").expect("device");
+    let gpu = gpu_device(host.dir.path(), "nvidia1");
     let handler = Trainer::start(host.dir.path(), "handler", "usr1", Some(&gpu), &[]);
     let agent = Agent::start(
         &config(
@@ -227,10 +221,7 @@ fn host_shutdown_holds_logind_until_the_targets_are_signalled() {
     let host = Host::new();
     let imds = FakeImds::start();
     let logind = FakeLogind::start(host.dir.path());
-    let dev = host.dir.path().join("dev");
-    std::fs::create_dir_all(&dev).expect("mkdir");
-    let gpu = dev.join("nvidia2");
-    std::fs::write(&gpu, "").expect("device");
+    let gpu = gpu_device(host.dir.path(), "nvidia2");
     let handler = Trainer::start(host.dir.path(), "handler", "usr1", Some(&gpu), &[]);
     let agent = Agent::start(
         &config(
@@ -274,10 +265,7 @@ fn a_capacity_block_end_fires_at_end_minus_30_minutes_minus_lead_and_iam_errors_
     let host = Host::new();
     let imds = FakeImds::start();
     let ec2 = FakeEc2::start();
-    let dev = host.dir.path().join("dev");
-    std::fs::create_dir_all(&dev).expect("mkdir");
-    let gpu = dev.join("nvidia3");
-    std::fs::write(&gpu, "").expect("device");
+    let gpu = gpu_device(host.dir.path(), "nvidia3");
     let handler = Trainer::start(host.dir.path(), "handler", "usr1", Some(&gpu), &[]);
     // Termination starts at EndDate - 30 min; with a 2 s lead the signal is due 2 s from now.
     let end = SystemTime::now() + Duration::from_secs(30 * 60 + 4);
@@ -388,10 +376,7 @@ fn a_target_in_a_pod_gets_an_event_and_cordon_is_opt_in() {
     let host = Host::new();
     let imds = FakeImds::start();
     let api = KubeApi::start(&["gpu-node-7"]);
-    let dev = host.dir.path().join("dev");
-    std::fs::create_dir_all(&dev).expect("mkdir");
-    let gpu = dev.join("nvidia4");
-    std::fs::write(&gpu, "").expect("device");
+    let gpu = gpu_device(host.dir.path(), "nvidia4");
     let handler = Trainer::start(host.dir.path(), "handler", "usr1", Some(&gpu), &[]);
     let uid = "1b4c7e9a-2f6d-4c1e-9a0b-3d5e7f9a1c2b";
     let Some(_cgroup) = PodCgroup::enter(uid, handler.child.id()) else {

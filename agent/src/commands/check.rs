@@ -1,12 +1,9 @@
 //! `gpu-agent check`: a one-shot health check (this boot's kernel log and one NVML poll), no daemon needed
 //! (launch-time preflight, Slurm `HealthCheckProgram`).
 
-use anyhow::Context;
-
 use super::{HostFacts, EXIT_UNREACHABLE};
 use crate::config::Loaded;
 use crate::model::{Observation, SourceKind, SourceState};
-use crate::sinks::status::render;
 use crate::sources::{kmsg, nvml};
 
 /// Read the kernel log once, classify, print, and exit 0 healthy / 1 unhealthy / 2 could not check.
@@ -60,14 +57,7 @@ pub fn check(loaded: &Loaded, json: bool) -> anyhow::Result<u8> {
         ));
     }
     let snapshot = model.snapshot(counters.stats());
-    if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&snapshot).context("cannot encode JSON")?
-        );
-    } else {
-        print!("{}", render(&snapshot));
-    }
+    super::print_snapshot(&snapshot, json)?;
     if unreadable {
         return Ok(EXIT_UNREACHABLE);
     }

@@ -149,6 +149,20 @@ fn kubelet_hostname_override(procfs_root: &std::path::Path) -> Option<String> {
     None
 }
 
+/// Print a snapshot as JSON or the human table.
+pub fn print_snapshot(snapshot: &crate::model::HealthSnapshot, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(snapshot)
+                .map_err(|e| anyhow::anyhow!("cannot encode JSON: {e}"))?
+        );
+    } else {
+        print!("{}", crate::sinks::status::render(snapshot));
+    }
+    Ok(())
+}
+
 /// New kernel-log counters.
 pub fn counters() -> Arc<kmsg::Counters> {
     Arc::new(kmsg::Counters::default())

@@ -4,7 +4,7 @@ use anyhow::Context;
 
 use super::EXIT_UNREACHABLE;
 use crate::config::Loaded;
-use crate::sinks::status::{query, render, Request, Response};
+use crate::sinks::status::{query, Request, Response};
 
 /// Print the daemon's health; exit 0 healthy, 1 warning or fatal, 2 unreachable.
 pub fn status(loaded: &Loaded, json: bool) -> anyhow::Result<u8> {
@@ -12,14 +12,7 @@ pub fn status(loaded: &Loaded, json: bool) -> anyhow::Result<u8> {
     let socket = &loaded.config.status.socket;
     match runtime.block_on(query(socket, &Request::Status)) {
         Ok(Response::Status { snapshot }) => {
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&snapshot).context("cannot encode JSON")?
-                );
-            } else {
-                print!("{}", render(&snapshot));
-            }
+            super::print_snapshot(&snapshot, json)?;
             Ok(u8::try_from(snapshot.health.exit_code()).unwrap_or(1))
         }
         Ok(Response::Error { message }) => {
