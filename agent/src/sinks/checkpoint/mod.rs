@@ -400,3 +400,45 @@ pub fn default_triggers() -> Vec<NoticeKind> {
 pub fn configured_signal(name: &str) -> Option<Signal> {
     parse_signal(name)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::HealthModel;
+    use crate::model::KmsgStats;
+
+    #[test]
+    fn fatal_faults_become_notices_with_stable_ids() {
+        let mut model = HealthModel::new(
+            "n",
+            "b",
+            crate::host::NvidiaDevices::default(),
+            Duration::from_secs(60),
+        );
+        for line in [
+            "NVRM: Xid (PCI:0000:3b:00): 13, Graphics Exception",
+            "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.",
+        ] {
+            let r = crate::sources::kmsg::report(
+                line,
+                None,
+                SystemTime::UNIX_EPOCH,
+                crate::catalog::DriverBranch::Unknown,
+            )
+            .expect("fault");
+            model.apply(Observation::Fault(r));
+        }
+        let notices = fault_notices(&model.snapshot(KmsgStats::default()));
+        assert_eq!(notices.len(), 1, "only the fatal fault");
+        assert_eq!(notices[0].kind, NoticeKind::FatalFault);
+        assert_eq!(
+            notices[0].id,
+            "fatal-fault:GPU 0000:3b:00.0 Xid 79:1970-01-01T00:00:00Z"
+        );
+        assert_eq!(
+            fault_notices(&model.snapshot(KmsgStats::default()))[0].id,
+            notices[0].id,
+            "same fault, same id"
+        );
+    }
+}

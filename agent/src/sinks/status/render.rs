@@ -18,6 +18,19 @@ pub fn render(s: &HealthSnapshot) -> String {
         s.version, s.node_name, s.boot_id
     );
     let _ = writeln!(out, "Health: {health}: {}", s.summary);
+    if let Some(end) = &s.pending_end {
+        let left = end
+            .deadline
+            .duration_since(std::time::SystemTime::now())
+            .map_or(0, |d| d.as_secs());
+        let _ = writeln!(
+            out,
+            "Pending end: {} at {} (in {left} s), {} processes signalled to checkpoint",
+            end.kind,
+            crate::model::time::rfc3339(end.deadline),
+            end.signalled
+        );
+    }
 
     if let Some(driver) = &s.driver_version {
         let _ = writeln!(out, "NVIDIA driver {driver}");
