@@ -76,14 +76,6 @@ impl Topology {
     pub fn max_gpus_per_node(&self) -> usize {
         self.nodes.iter().map(|n| n.gpus.len()).max().unwrap_or(0)
     }
-
-    /// The node a CPU belongs to.
-    pub fn node_of(&self, cpu: u32) -> Option<u32> {
-        self.nodes
-            .iter()
-            .find(|n| n.cpus.contains(cpu))
-            .map(|n| n.id)
-    }
 }
 
 fn read(path: &Path) -> Result<String, TopologyError> {

@@ -21,7 +21,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use rustix::process::Signal;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
@@ -384,21 +383,6 @@ async fn tell_kubernetes(
             tracing::warn!(error = %e, pod = %name, "Cannot post the checkpoint Event on the pod.");
         }
     }
-}
-
-/// The source kinds whose notices this sink acts on by default.
-pub fn default_triggers() -> Vec<NoticeKind> {
-    vec![
-        NoticeKind::Spot,
-        NoticeKind::ScheduledMaintenance,
-        NoticeKind::CapacityBlock,
-        NoticeKind::Shutdown,
-    ]
-}
-
-/// Parse the configured signal.
-pub fn configured_signal(name: &str) -> Option<Signal> {
-    parse_signal(name)
 }
 
 #[cfg(test)]
