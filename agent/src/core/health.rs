@@ -550,6 +550,22 @@ fn summary(
 }
 
 #[cfg(test)]
+impl HealthModel {
+    /// An empty model with no GPUs (tests).
+    pub fn for_test() -> Self {
+        Self::new("n", "b", NvidiaDevices::default(), Duration::from_secs(60))
+    }
+
+    /// Merge a kernel-log fault line seen at `at` (tests).
+    pub fn apply_line(&mut self, line: &str, at: SystemTime) {
+        let report =
+            crate::sources::kmsg::report(line, None, at, crate::catalog::DriverBranch::Unknown)
+                .expect("a fault line");
+        self.apply(Observation::Fault(report));
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::catalog::{classify_xid, DriverBranch};

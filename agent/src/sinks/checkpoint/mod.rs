@@ -393,25 +393,15 @@ mod tests {
 
     #[test]
     fn fatal_faults_become_notices_with_stable_ids() {
-        let mut model = HealthModel::new(
-            "n",
-            "b",
-            crate::host::NvidiaDevices::default(),
-            Duration::from_secs(60),
-        );
-        for line in [
+        let mut model = HealthModel::for_test();
+        model.apply_line(
             "NVRM: Xid (PCI:0000:3b:00): 13, Graphics Exception",
+            SystemTime::UNIX_EPOCH,
+        );
+        model.apply_line(
             "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.",
-        ] {
-            let r = crate::sources::kmsg::report(
-                line,
-                None,
-                SystemTime::UNIX_EPOCH,
-                crate::catalog::DriverBranch::Unknown,
-            )
-            .expect("fault");
-            model.apply(Observation::Fault(r));
-        }
+            SystemTime::UNIX_EPOCH,
+        );
         let notices = fault_notices(&model.snapshot(KmsgStats::default()));
         assert_eq!(notices.len(), 1, "only the fatal fault");
         assert_eq!(notices[0].kind, NoticeKind::FatalFault);

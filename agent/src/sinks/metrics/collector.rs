@@ -298,16 +298,10 @@ mod tests {
     use super::*;
     use crate::core::HealthModel;
     use crate::model::{KmsgStats, Observation, SourceKind};
-    use std::time::Duration;
 
     #[test]
     fn renders_faults_and_counters() {
-        let mut model = HealthModel::new(
-            "n",
-            "b",
-            crate::host::NvidiaDevices::default(),
-            Duration::from_secs(60),
-        );
+        let mut model = HealthModel::for_test();
         let report = crate::sources::kmsg::report(
             "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.",
             Some(3),

@@ -153,7 +153,7 @@ pub fn patch(conditions: &[(Desired, SystemTime)], now: SystemTime) -> serde_jso
 mod tests {
     use super::*;
     use crate::core::HealthModel;
-    use crate::model::{KmsgStats, Observation, PendingEnd};
+    use crate::model::{KmsgStats, PendingEnd};
     use std::time::Duration;
 
     fn types() -> ConditionTypes {
@@ -165,12 +165,7 @@ mod tests {
 
     #[test]
     fn healthy_then_fatal() {
-        let mut model = HealthModel::new(
-            "n",
-            "b",
-            crate::host::NvidiaDevices::default(),
-            Duration::from_secs(60),
-        );
+        let mut model = HealthModel::for_test();
         let d = desired(&model.snapshot(KmsgStats::default()), &types());
         assert_eq!(
             (d[0].status, d[0].reason.as_str()),
@@ -180,19 +175,14 @@ mod tests {
             (d[1].status, d[1].reason.as_str()),
             ("False", "NoInterruptionPending")
         );
-        for line in [
+        model.apply_line(
             "NVRM: Xid (PCI:0000:3b:00): 13, Graphics Exception",
+            SystemTime::now(),
+        );
+        model.apply_line(
             "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.",
-        ] {
-            let r = crate::sources::kmsg::report(
-                line,
-                None,
-                SystemTime::now(),
-                crate::catalog::DriverBranch::Unknown,
-            )
-            .expect("fault");
-            model.apply(Observation::Fault(r));
-        }
+            SystemTime::now(),
+        );
         let d = desired(&model.snapshot(KmsgStats::default()), &types());
         assert_eq!(
             (d[0].status, d[0].reason.as_str()),
@@ -206,12 +196,7 @@ mod tests {
 
     #[test]
     fn pending_end_sets_interruption() {
-        let model = HealthModel::new(
-            "n",
-            "b",
-            crate::host::NvidiaDevices::default(),
-            Duration::from_secs(60),
-        );
+        let model = HealthModel::for_test();
         let mut s = model.snapshot(KmsgStats::default());
         s.pending_end = Some(PendingEnd {
             kind: "capacity-block".into(),

@@ -131,28 +131,14 @@ impl Posted {
 mod tests {
     use super::*;
     use crate::core::HealthModel;
-    use crate::model::{KmsgStats, Observation};
+    use crate::model::KmsgStats;
     use std::time::SystemTime;
 
     #[test]
     fn one_event_per_fault_updated_not_duplicated() {
-        let mut model = HealthModel::new(
-            "n",
-            "b",
-            crate::host::NvidiaDevices::default(),
-            Duration::from_secs(60),
-        );
+        let mut model = HealthModel::for_test();
         let line = "NVRM: Xid (PCI:0000:3b:00): 95, pid=1, Uncontained";
-        let add = |m: &mut HealthModel| {
-            let r = crate::sources::kmsg::report(
-                line,
-                None,
-                SystemTime::now(),
-                crate::catalog::DriverBranch::Unknown,
-            )
-            .expect("fault");
-            m.apply(Observation::Fault(r));
-        };
+        let add = |m: &mut HealthModel| m.apply_line(line, SystemTime::now());
         add(&mut model);
         let mut posted = Posted::default();
         let t0 = Instant::now();
