@@ -97,3 +97,66 @@ fn unit_contract() {
         std::fs::read_to_string(unit_dir().join("logind.conf.d/gpu-agent.conf")).expect("drop-in");
     assert!(logind.contains("[Login]") && logind.contains("InhibitDelayMaxSec="));
 }
+
+/// Every `gpu_agent_*` metric the alert rules and the dashboard use is one the daemon serves.
+#[test]
+fn monitoring_uses_only_metrics_the_agent_exports() {
+    use gpu_agent_e2e::kube_api::KubeApi;
+    use std::io::{Read, Write};
+    let monitoring = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/monitoring");
+    let alerts = std::fs::read_to_string(monitoring.join("alerts.yaml")).expect("alerts");
+    let dashboard =
+        std::fs::read_to_string(monitoring.join("grafana-dashboard.json")).expect("dashboard");
+    let parsed: serde_json::Value = serde_json::from_str(&dashboard).expect("dashboard is JSON");
+    assert!(parsed["panels"].as_array().is_some_and(|p| !p.is_empty()));
+    for alert in [
+        "GpuAgentDown",
+        "GpuFatalFault",
+        "GpuInstanceInterruptionPending",
+    ] {
+        assert!(
+            alerts.contains(&format!("alert: {alert}")),
+            "alerts.yaml lacks {alert}"
+        );
+    }
+
+    // A daemon with the Kubernetes and checkpoint sinks, scraped once.
+    let host = gpu_agent_e2e::Host::new();
+    let api = KubeApi::start(&["mon-node"]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let config = host.config(&format!(
+        "node_name = \"mon-node\"\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n[kubernetes]\nkubeconfig = {:?}\n",
+        api.kubeconfig(host.dir.path())
+    ));
+    let agent = gpu_agent_e2e::Agent::start(&config, &host.socket());
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .expect("send");
+    let mut scrape = String::new();
+    stream.read_to_string(&mut scrape).expect("read");
+    drop(agent);
+    let families: Vec<&str> = scrape
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let used = alerts
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .chain(dashboard.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')))
+        .filter(|w| w.starts_with("gpu_agent_"));
+    for metric in used {
+        let base = metric
+            .trim_end_matches("_total")
+            .trim_end_matches("_bucket");
+        assert!(
+            families.contains(&base),
+            "{metric} is not exported (families: {families:?})"
+        );
+    }
+}
