@@ -4,6 +4,8 @@
 //! Regenerate the golden files after an intended change with
 //! `UPDATE_GOLDEN=1 cargo test -p gpu-agent --test kubelet_config`.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -27,17 +29,10 @@ fn sysfs(host: &str) -> PathBuf {
 }
 
 fn run(args: &[&str], config: &Path) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpu-agent"))
-        .arg("--config")
-        .arg(config)
-        .args(args)
-        .output()
-        .expect("run");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let config = config.to_string_lossy();
+    let mut all = vec!["--config", config.as_ref()];
+    all.extend_from_slice(args);
+    common::run(&all)
 }
 
 /// A config whose [kubelet] paths live in `dir`, with nodeadm's drop-in directory present.

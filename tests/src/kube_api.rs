@@ -208,6 +208,20 @@ fn respond(code: StatusCode, body: Value) -> Response<Full<Bytes>> {
     response
 }
 
+/// 415, as the real server answers a PATCH that is not a merge patch.
+fn refuse_non_patch(content_type: &str) -> Option<Response<Full<Bytes>>> {
+    let ok = content_type == "application/merge-patch+json"
+        || content_type == "application/strategic-merge-patch+json";
+    (!ok).then(|| {
+        status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            format!("unsupported media type {content_type}"),
+            json!({}),
+        )
+    })
+}
+
 /// Strategic merge of `status.conditions` (merge key `type`); other fields merge as JSON.
 fn strategic_merge(node: &mut Value, patch: &Value) {
     if let Some(conditions) = patch["status"]["conditions"].as_array() {
@@ -330,15 +344,8 @@ async fn handle(req: Request<Incoming>, state: Arc<Mutex<State>>) -> Response<Fu
             )
         }
         ("PATCH", ["api", "v1", "nodes", name]) => {
-            if content_type != "application/merge-patch+json"
-                && content_type != "application/strategic-merge-patch+json"
-            {
-                return status(
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                    "UnsupportedMediaType",
-                    format!("unsupported media type {content_type}"),
-                    json!({}),
-                );
+            if let Some(refused) = refuse_non_patch(&content_type) {
+                return refused;
             }
             match (parsed, s.nodes.get_mut(*name)) {
                 (Some(patch), Some(node)) => {
@@ -424,15 +431,8 @@ async fn handle(req: Request<Incoming>, state: Arc<Mutex<State>>) -> Response<Fu
             respond(StatusCode::CREATED, stored)
         }
         ("PATCH", ["api", "v1", "namespaces", _, "events", name]) => {
-            if content_type != "application/merge-patch+json"
-                && content_type != "application/strategic-merge-patch+json"
-            {
-                return status(
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                    "UnsupportedMediaType",
-                    format!("unsupported media type {content_type}"),
-                    json!({}),
-                );
+            if let Some(refused) = refuse_non_patch(&content_type) {
+                return refused;
             }
             let (Some(patch), Some(event)) = (parsed, s.events.get_mut(*name)) else {
                 return status(

@@ -353,6 +353,29 @@ impl Drop for Agent {
     }
 }
 
+/// A free loopback TCP port.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// `GET path` on `127.0.0.1:port`; the whole raw response (status line, headers, body).
+pub fn http_get(port: u16, path: &str) -> String {
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .expect("send");
+    let mut out = String::new();
+    stream.read_to_string(&mut out).expect("read");
+    out
+}
+
 /// The faults in `snapshot` on this host's hardware.
 pub fn faults_on<'a>(snapshot: &'a Value, host: &Host) -> Vec<&'a Value> {
     snapshot["faults"]

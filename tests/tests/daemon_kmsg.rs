@@ -1,7 +1,6 @@
 //! The real daemon following the real `/dev/kmsg`: classification, GPU mapping, restarts,
 //! floods, degraded start-up and the CLI around it.
 
-use std::io::{Read, Write};
 use std::time::Duration;
 
 use gpu_agent_e2e::{cli, fault, faults_on, inject, Agent, Host};
@@ -256,11 +255,7 @@ fn unreadable_kmsg_and_missing_sysfs_degrade_without_crashing() {
 #[test]
 fn metrics_endpoint_serves_faults() {
     let host = Host::new();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
+    let port = gpu_agent_e2e::free_port();
     let config = host.config(&format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n"));
     let agent = Agent::start(&config, &host.socket());
     inject(&format!(
@@ -268,12 +263,7 @@ fn metrics_endpoint_serves_faults() {
         host.gpu_bdf(3)
     ));
     agent.wait_for(SECOND, |s| fault(s, &host, "xid", Some(79)).is_some());
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .expect("request");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("response");
+    let response = gpu_agent_e2e::http_get(port, "/metrics");
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     assert!(
         response

@@ -30,11 +30,7 @@ fn nvml_faults(s: &Value, host: &Host) -> Vec<Value> {
 #[test]
 fn healthy_nvswitch_host_shows_eight_named_gpus_and_no_faults() {
     let host = Host::new();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
+    let port = gpu_agent_e2e::free_port();
     let agent = host.start_with_nvml(
         &NvmlScenario::healthy(),
         &format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n"),
@@ -61,7 +57,7 @@ fn healthy_nvswitch_host_shows_eight_named_gpus_and_no_faults() {
     );
     assert!(code <= 1);
 
-    let body = http_get(port, "/metrics");
+    let body = gpu_agent_e2e::http_get(port, "/metrics");
     assert!(
         body.contains(r#"gpu_agent_gpu_nvlink_links{gpu="0",state="up"} 18"#),
         "{body}"
@@ -79,19 +75,6 @@ fn healthy_nvswitch_host_shows_eight_named_gpus_and_no_faults() {
         "{body}"
     );
     assert!(agent.stop().success());
-}
-
-fn http_get(port: u16, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .expect("send");
-    let mut out = String::new();
-    stream.read_to_string(&mut out).expect("read");
-    out
 }
 
 #[test]

@@ -102,7 +102,6 @@ fn unit_contract() {
 #[test]
 fn monitoring_uses_only_metrics_the_agent_exports() {
     use gpu_agent_e2e::kube_api::KubeApi;
-    use std::io::{Read, Write};
     let monitoring = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/monitoring");
     let alerts = std::fs::read_to_string(monitoring.join("alerts.yaml")).expect("alerts");
     let dashboard =
@@ -123,23 +122,14 @@ fn monitoring_uses_only_metrics_the_agent_exports() {
     // A daemon with the Kubernetes and checkpoint sinks, scraped once.
     let host = gpu_agent_e2e::Host::new();
     let api = KubeApi::start(&["mon-node"]);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
+    let port = gpu_agent_e2e::free_port();
     let config = host.config(&format!(
         "node_name = \"mon-node\"\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n[kubernetes]\nkubeconfig = {:?}\n",
         api.kubeconfig(host.dir.path())
     ));
     let agent = gpu_agent_e2e::Agent::start(&config, &host.socket());
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .expect("send");
-    let mut scrape = String::new();
-    stream.read_to_string(&mut scrape).expect("read");
+    let scrape = gpu_agent_e2e::http_get(port, "/metrics");
     drop(agent);
     let families: Vec<&str> = scrape
         .lines()
