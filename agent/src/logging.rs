@@ -13,7 +13,13 @@ pub fn init(default_level: &str) {
     if std::env::var_os("JOURNAL_STREAM").is_some() {
         if let Ok(journald) = tracing_journald::layer() {
             registry
-                .with(journald.with_syslog_identifier("gpu-agent".into()))
+                .with(
+                    journald
+                        .with_syslog_identifier("gpu-agent".into())
+                        // Fields as they are named (FAULT=, CODE=, SEVERITY=), not F_FAULT=:
+                        // `journalctl -u gpu-agent CODE=xid-79` finds them.
+                        .with_field_prefix(None),
+                )
                 .init();
             return;
         }

@@ -19,6 +19,7 @@ pub mod http;
 pub mod imds;
 pub mod kube_api;
 pub mod logind;
+pub mod nspawn;
 pub mod trainer;
 
 /// Bus numbers of the fake GPUs, in index order.

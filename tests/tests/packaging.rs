@@ -150,3 +150,106 @@ fn monitoring_uses_only_metrics_the_agent_exports() {
         );
     }
 }
+
+/// `promtool check rules` accepts the alert rules (Debian's prometheus package has promtool).
+#[test]
+fn alert_rules_pass_promtool() {
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/monitoring/alerts.yaml");
+    let out = Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&rules)
+        .output()
+        .expect("promtool (apt install prometheus; .ci/run installs it)");
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `packer validate` accepts the AMI template. It runs in a network namespace of its own:
+/// validating must not (and here cannot) reach AWS.
+#[test]
+fn ami_template_passes_packer_validate() {
+    let ami = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ami");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rpm = dir.path().join("gpu-agent-0.1.0-1.x86_64.rpm");
+    std::fs::write(&rpm, b"").expect("stand-in package");
+    let out = Command::new("unshare")
+        .args(["--net", "packer", "validate"])
+        .arg(format!("-var=package={}", rpm.display()))
+        .arg(&ami)
+        .output()
+        .expect("unshare packer (apt install packer; .ci/run installs it)");
+    assert!(
+        out.status.success(),
+        "packer validate: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The launch template's user data: a NodeConfig for nodeadm and a cloud-config that writes a
+/// config file the agent accepts.
+#[test]
+fn user_data_carries_node_config_and_a_valid_agent_config() {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../ami/user-data.mime"),
+    )
+    .expect("user data");
+    // Parsed as MIME by Python's email package, as cloud-init parses it.
+    let script = r#"
+import email, json, sys
+msg = email.message_from_string(sys.stdin.read())
+assert msg.is_multipart(), "not multipart"
+print(json.dumps([[p.get_content_type(), p.get_payload()] for p in msg.get_payload()]))
+"#;
+    let mut child = Command::new("python3")
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    std::io::Write::write_all(child.stdin.as_mut().expect("stdin"), text.as_bytes())
+        .expect("write");
+    let out = child.wait_with_output().expect("python3");
+    assert!(out.status.success(), "user data is not MIME multipart");
+    let parts: Vec<(String, String)> = serde_json::from_slice(&out.stdout).expect("parts");
+    let node_config = parts
+        .iter()
+        .find(|(t, _)| t == "application/node.eks.aws")
+        .map(|(_, body)| body)
+        .expect("NodeConfig part");
+    assert!(node_config.contains("apiVersion: node.eks.aws/v1alpha1"));
+    assert!(node_config.contains("kind: NodeConfig"));
+    let cloud_config = parts
+        .iter()
+        .find(|(t, _)| t == "text/cloud-config")
+        .map(|(_, body)| body)
+        .expect("cloud-config part");
+    assert!(cloud_config.starts_with("#cloud-config"));
+    assert!(cloud_config.contains("path: /etc/gpu-agent/config.toml"));
+    // The file's content: the indented block after `content: |`.
+    let mut lines = cloud_config
+        .lines()
+        .skip_while(|l| !l.trim_end().ends_with("content: |"));
+    let header = lines.next().expect("content block");
+    let indent = header.len() - header.trim_start().len() + 2;
+    let toml: String = lines
+        .take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() >= indent)
+        .map(|l| format!("{}\n", l.get(indent..).unwrap_or("")))
+        .collect();
+    assert!(toml.contains("[checkpoint]"), "{toml}");
+    let config = tempfile::NamedTempFile::new().expect("tempfile");
+    std::fs::write(config.path(), &toml).expect("write");
+    // The agent loads it: `kubelet-config plan` reads the whole config first (78 on a bad one).
+    let (code, _, stderr) = gpu_agent_e2e::cli(&[
+        "--config",
+        &config.path().to_string_lossy(),
+        "kubelet-config",
+        "plan",
+        "--json",
+    ]);
+    assert_ne!(code, 78, "user data config rejected: {stderr}");
+}

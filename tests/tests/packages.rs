@@ -1,0 +1,240 @@
+//! The .deb and the .rpm, as `packaging/build-packages.sh` builds them (from the binary this
+//! test run built): the .rpm's file list and scriptlets, and the .deb installed on a real
+//! systemd boot (Debian bookworm in `systemd-nspawn`), where the daemon must run, say what it
+//! sees in `systemctl status` and the journal, react to a kernel-log Xid, and stop cleanly.
+//!
+//! Needs root, cargo-deb, cargo-generate-rpm, rpm, debootstrap and systemd-container;
+//! `.ci/run` installs them.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use gpu_agent_e2e::nspawn::Container;
+
+/// Build both packages once per test binary, from the binary `cargo test` built.
+fn packages() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bin = gpu_agent_e2e::binary();
+        let profile_dir = bin.parent().expect("profile dir");
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") => "dev",
+            Some(other) => other,
+            None => panic!("odd binary path {}", bin.display()),
+        };
+        let target = profile_dir.parent().expect("target dir");
+        let out = Command::new(repo().join("packaging/build-packages.sh"))
+            .args(["--profile", profile, "--no-build", "--fast", "--out"])
+            .arg(dir.path())
+            .env("CARGO_TARGET_DIR", target)
+            .output()
+            .expect("packaging/build-packages.sh");
+        assert!(
+            out.status.success(),
+            "build-packages.sh failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        dir
+    })
+    .path()
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn package(ext: &str) -> PathBuf {
+    std::fs::read_dir(packages())
+        .expect("packages dir")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == ext))
+        .unwrap_or_else(|| panic!("no .{ext} built"))
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("spawn");
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn rpm_has_the_files_config_and_scriptlets() {
+    let rpm = package("rpm");
+    let files = run(Command::new("rpm").arg("-qlp").arg(&rpm));
+    for path in [
+        "/usr/bin/gpu-agent",
+        "/etc/gpu-agent/config.toml",
+        "/usr/lib/systemd/system/gpu-agent.service",
+        "/usr/lib/systemd/system/gpu-agent-kubelet-config.service",
+        "/usr/lib/systemd/logind.conf.d/gpu-agent.conf",
+        "/usr/share/doc/gpu-agent/README.md",
+        "/usr/share/licenses/gpu-agent/LICENSE",
+    ] {
+        assert!(files.lines().any(|l| l == path), "{path} not in: {files}");
+    }
+    // The config is a config file kept on upgrade (%config(noreplace)).
+    let configs = run(Command::new("rpm").arg("-qcp").arg(&rpm));
+    assert_eq!(configs.trim(), "/etc/gpu-agent/config.toml");
+    let scripts = run(Command::new("rpm").arg("-qp").arg("--scripts").arg(&rpm));
+    for expected in [
+        "postinstall scriptlet",
+        "systemctl enable gpu-agent.service gpu-agent-kubelet-config.service",
+        "preuninstall scriptlet",
+        "systemctl disable --now",
+        "postuninstall scriptlet",
+        "systemctl try-restart gpu-agent.service",
+    ] {
+        assert!(scripts.contains(expected), "{expected:?} not in: {scripts}");
+    }
+    let info = run(Command::new("rpm").arg("-qip").arg(&rpm));
+    assert!(info.contains("License     : Apache-2.0"), "{info}");
+    let requires = run(Command::new("rpm").arg("-qRp").arg(&rpm));
+    assert!(
+        requires.lines().any(|l| l.starts_with("systemd")),
+        "{requires}"
+    );
+}
+
+#[test]
+fn deb_declares_conffile_and_enables_units() {
+    let deb = package("deb");
+    // The control archive holds conffiles and the maintainer scripts.
+    let dir = tempfile::tempdir().expect("tempdir");
+    run(Command::new("dpkg-deb").arg("-e").arg(&deb).arg(dir.path()));
+    let listed = std::fs::read_to_string(dir.path().join("conffiles")).expect("conffiles");
+    assert_eq!(listed.trim(), "/etc/gpu-agent/config.toml");
+    let postinst = std::fs::read_to_string(dir.path().join("postinst")).expect("postinst");
+    assert!(postinst.contains("gpu-agent.service") && postinst.contains("deb-systemd-helper"));
+    let contents = run(Command::new("dpkg-deb").arg("-c").arg(&deb));
+    for path in [
+        "./usr/bin/gpu-agent",
+        "./usr/lib/systemd/system/gpu-agent.service",
+        "./usr/lib/systemd/system/gpu-agent-kubelet-config.service",
+        "./usr/share/doc/gpu-agent/copyright",
+    ] {
+        assert!(contents.contains(path), "{path} not in: {contents}");
+    }
+}
+
+/// Poll `f` until it returns `Some`, or panic with `what` after `secs`.
+fn wait<T>(secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn deb_installs_and_runs_on_a_real_systemd_boot() {
+    let deb = package("deb");
+    let rootfs = gpu_agent_e2e::nspawn::rootfs();
+    let work = tempfile::tempdir().expect("tempdir");
+    let container = Container::boot(
+        &rootfs,
+        &[(packages(), "/mnt/packages")],
+        &work.path().join("console.log"),
+    );
+    container.wait_booted();
+
+    // `apt install ./gpu-agent_*.deb`, as a user would: dpkg's postinst enables and starts it.
+    let inside = format!(
+        "/mnt/packages/{}",
+        deb.file_name().and_then(|n| n.to_str()).expect("name")
+    );
+    let install = container.exec(&["dpkg", "-i", &inside]);
+    assert!(
+        install.status.success(),
+        "dpkg -i: {}{}",
+        String::from_utf8_lossy(&install.stdout),
+        String::from_utf8_lossy(&install.stderr)
+    );
+    for unit in ["gpu-agent.service", "gpu-agent-kubelet-config.service"] {
+        assert_eq!(
+            container.stdout(&["systemctl", "is-enabled", unit]),
+            "enabled",
+            "{unit}"
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while container.stdout(&["systemctl", "is-active", "gpu-agent"]) != "active" {
+        assert!(
+            Instant::now() < deadline,
+            "gpu-agent is not active: {}\n{}",
+            container.stdout(&["systemctl", "status", "--no-pager", "gpu-agent"]),
+            container.stdout(&["journalctl", "-b", "--no-pager", "-n", "60"])
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // The Status: line says what the agent sees: no GPUs here.
+    let status_text = || container.stdout(&["systemctl", "show", "-P", "StatusText", "gpu-agent"]);
+    let before = wait(10, "a status line", || {
+        let s = status_text();
+        (!s.is_empty()).then_some(s)
+    });
+    assert!(before.starts_with("no GPUs"), "status line: {before}");
+    let shown = container.stdout(&["systemctl", "status", "--no-pager", "gpu-agent"]);
+    assert!(shown.contains(&format!("Status: \"{before}\"")), "{shown}");
+    // The CLI reaches the daemon over its socket (exit 0 healthy, 1 faults seen).
+    let cli = container.exec(&["gpu-agent", "status"]);
+    assert!(
+        matches!(cli.status.code(), Some(0 | 1))
+            && String::from_utf8_lossy(&cli.stdout).contains("Health: "),
+        "gpu-agent status: {cli:?}"
+    );
+
+    // A kernel-log Xid on a GPU of our own (the kernel log is shared with the host).
+    let domain = gpu_agent_e2e::unique_domain();
+    let pci = format!("{domain:04x}:3b:00.0");
+    gpu_agent_e2e::inject(&format!(
+        "NVRM: Xid (PCI:{domain:04x}:3b:00): 79, pid=1, GPU has fallen off the bus."
+    ));
+    let after = wait(10, "the status line to change", || {
+        let s = status_text();
+        (s != before).then_some(s)
+    });
+    assert!(after.contains("fatal"), "status line: {after}");
+
+    // The journal carries the fault as structured fields.
+    let journal = wait(10, "the fault in the journal", || {
+        let out = container.stdout(&["journalctl", "-u", "gpu-agent", "-o", "json", "--no-pager"]);
+        out.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|e| e["FAULT"].as_str().is_some_and(|f| f.contains(&pci)))
+    });
+    assert_eq!(journal["SYSLOG_IDENTIFIER"], "gpu-agent");
+    assert_eq!(journal["MESSAGE"], "GPU fault detected.");
+    assert_eq!(journal["PRIORITY"], "3", "{journal}");
+    assert_eq!(journal["CODE"], "Xid 79", "{journal}");
+    assert!(
+        journal["ACTION"].is_string() && journal["SEVERITY"] == "fatal",
+        "{journal}"
+    );
+
+    // A clean stop: exit 0 on SIGTERM, nothing killed.
+    let stop = container.exec(&["systemctl", "stop", "gpu-agent"]);
+    assert!(stop.status.success(), "systemctl stop: {stop:?}");
+    let result = container.stdout(&["systemctl", "show", "-P", "Result", "gpu-agent"]);
+    assert_eq!(result, "success");
+    let exit = container.stdout(&["systemctl", "show", "-P", "ExecMainStatus", "gpu-agent"]);
+    assert_eq!(exit, "0");
+    // The state it keeps across restarts was written.
+    let state = container.exec(&["test", "-s", "/var/lib/gpu-agent/state.json"]);
+    assert!(state.status.success(), "no state.json");
+
+    let status = container.poweroff();
+    assert!(status.success(), "nspawn: {status}");
+}
