@@ -367,6 +367,17 @@ fn a_fatal_fault_survives_restarts_and_an_operator_clears_it() {
             .is_some(),
         "replace faults survive a reboot"
     );
+    // A new boot id restarts the kernel-log cursor, so this fake "reboot" replays the (real,
+    // shared) kernel log, our Xid 54 line included. Wait until the reader is past it: a line
+    // written now is read after it.
+    inject(&format!(
+        "NVRM: Xid (PCI:{}): 31, pid=1, name=x, MMU Fault",
+        host.gpu_bdf(7)
+    ));
+    wait(Duration::from_secs(10), "the replay to catch up", || {
+        gpu_agent_e2e::fault(&agent.snapshot().expect("snapshot"), &host, "xid", Some(31))
+            .is_some()
+    });
 
     // The operator repaired it.
     let (code, out, err) = cli(&[
