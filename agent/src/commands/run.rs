@@ -11,12 +11,16 @@ use super::{HostFacts, SHUTDOWN_GRACE};
 use crate::config::Loaded;
 use crate::core::{Core, StateStore};
 use crate::model::{NoticeKind, Observation, SourceKind, SourceState};
-use crate::sinks::{checkpoint, metrics, node_conditions, status, systemd};
-use crate::sources::{capacity_block, imds, kmsg, logind, nvml};
+use crate::sinks::{checkpoint, metrics, status, systemd};
+use crate::sources::{kmsg, nvml};
 
 /// Observations queued between sources and the core; a full queue slows the kernel-log
 /// reader (the kernel then overruns and we count the loss) instead of growing memory.
 const OBSERVATION_QUEUE: usize = 1024;
+/// Why the IMDS, Capacity Block and logind sources and the Kubernetes sinks are off in a
+/// build without the `clients` feature.
+#[cfg_attr(feature = "clients", allow(dead_code))]
+const NOT_BUILT_IN: &str = "not built in (gpu-agent built without the `clients` feature)";
 /// How long start-up waits for sources to report before READY=1.
 const SOURCE_START_WAIT: Duration = Duration::from_secs(5);
 
@@ -77,30 +81,19 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
             SourceState::Off("disabled by [nvml] enabled = false".into()),
         ));
     }
-    let ec2_state = if config.ec2.enabled {
-        SourceState::Starting
-    } else {
-        SourceState::Off("disabled by [ec2] enabled = false".into())
-    };
-    model.apply(Observation::Source(SourceKind::CapacityBlock, ec2_state));
-    if config.logind.enabled {
-        model.apply(Observation::Source(
-            SourceKind::Logind,
-            SourceState::Starting,
-        ));
-    } else {
-        model.apply(Observation::Source(
-            SourceKind::Logind,
-            SourceState::Off("disabled by [logind] enabled = false".into()),
-        ));
-    }
-    if config.imds.enabled {
-        model.apply(Observation::Source(SourceKind::Imds, SourceState::Starting));
-    } else {
-        model.apply(Observation::Source(
-            SourceKind::Imds,
-            SourceState::Off("disabled by [imds] enabled = false".into()),
-        ));
+    for (kind, enabled, section) in [
+        (SourceKind::CapacityBlock, config.ec2.enabled, "ec2"),
+        (SourceKind::Logind, config.logind.enabled, "logind"),
+        (SourceKind::Imds, config.imds.enabled, "imds"),
+    ] {
+        let state = if !enabled {
+            SourceState::Off(format!("disabled by [{section}] enabled = false"))
+        } else if cfg!(feature = "clients") {
+            SourceState::Starting
+        } else {
+            SourceState::Off(NOT_BUILT_IN.into())
+        };
+        model.apply(Observation::Source(kind, state));
     }
     // Sinks report their own state to the core on the same queue.
     let sink_tx = tx;
@@ -122,28 +115,15 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
         }
     }
     let mut registry = Registry::default();
-    if config.kubernetes.enabled {
-        let k = &config.kubernetes;
-        let settings = node_conditions::Settings {
-            kubeconfig: k.kubeconfig.clone(),
-            node: host.node_name.clone(),
-            types: node_conditions::ConditionTypes {
-                hardware: k.hardware_condition.clone(),
-                interruption: k.interruption_condition.clone(),
-            },
-            debounce: k.debounce.0,
-            heartbeat: k.heartbeat_interval.0,
-            events: k.events,
-        };
-        let metrics = node_conditions::SinkMetrics::register(&mut registry);
-        tokio::spawn(node_conditions::run(
-            settings,
-            metrics,
-            snapshots.clone(),
-            sink_tx.clone(),
-            shutdown.clone(),
-        ));
-    }
+    #[cfg(feature = "clients")]
+    spawn_node_conditions(
+        &config,
+        &host,
+        &mut registry,
+        &snapshots,
+        &sink_tx,
+        &shutdown,
+    );
     if config.checkpoint.enabled {
         let c = &config.checkpoint;
         let settings = checkpoint::Settings {
@@ -158,9 +138,7 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
             ]
             .into(),
             state_file: config.state_dir.join("checkpoint.json"),
-            kubernetes: config
-                .kubernetes
-                .enabled
+            kubernetes: (cfg!(feature = "clients") && config.kubernetes.enabled)
                 .then(|| (config.kubernetes.kubeconfig.clone(), host.node_name.clone())),
             cordon: c.cordon,
         };
@@ -173,41 +151,8 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
             shutdown.clone(),
         ));
     }
-    if config.imds.enabled {
-        let settings = imds::Settings {
-            endpoint: Some(config.imds.endpoint.clone()).filter(|e| !e.is_empty()),
-            poll_interval: config.imds.poll_interval.0,
-            sysfs_root: config.sysfs.root.clone(),
-        };
-        tokio::spawn(imds::run(settings, sink_tx.clone(), shutdown.clone()));
-    }
-    if config.ec2.enabled {
-        let settings = capacity_block::Settings {
-            imds_endpoint: Some(config.imds.endpoint.clone()).filter(|e| !e.is_empty()),
-            ec2_endpoint: Some(config.ec2.endpoint.clone()).filter(|e| !e.is_empty()),
-            poll_interval: config.ec2.poll_interval.0,
-            sysfs_root: config.sysfs.root.clone(),
-        };
-        tokio::spawn(capacity_block::run(
-            settings,
-            sink_tx.clone(),
-            shutdown.clone(),
-        ));
-    }
-    if config.logind.enabled {
-        let settings = logind::Settings {
-            bus_address: Some(config.logind.bus_address.clone()).filter(|a| !a.is_empty()),
-            max_delay: config.logind.max_delay.0,
-            wait_for_checkpoint: config.checkpoint.enabled
-                && config.checkpoint.triggers.contains(&NoticeKind::Shutdown),
-        };
-        tokio::spawn(logind::run(
-            settings,
-            sink_tx.clone(),
-            snapshots.clone(),
-            shutdown.clone(),
-        ));
-    }
+    #[cfg(feature = "clients")]
+    spawn_client_sources(&config, &snapshots, &sink_tx, &shutdown);
     drop(sink_tx);
     if config.metrics.enabled {
         registry.register_collector(Box::new(metrics::SnapshotCollector::new(snapshots.clone())));
@@ -255,4 +200,85 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
     }
     tracing::info!("Stopped.");
     Ok(0)
+}
+
+/// The node-conditions sink (conditions and Node Events), when `[kubernetes]` is on.
+#[cfg(feature = "clients")]
+fn spawn_node_conditions(
+    config: &crate::config::Config,
+    host: &HostFacts,
+    registry: &mut Registry,
+    snapshots: &tokio::sync::watch::Receiver<std::sync::Arc<crate::model::HealthSnapshot>>,
+    sink_tx: &mpsc::Sender<Observation>,
+    shutdown: &crate::shutdown::Shutdown,
+) {
+    use crate::sinks::node_conditions;
+    if config.kubernetes.enabled {
+        let k = &config.kubernetes;
+        let settings = node_conditions::Settings {
+            kubeconfig: k.kubeconfig.clone(),
+            node: host.node_name.clone(),
+            types: node_conditions::ConditionTypes {
+                hardware: k.hardware_condition.clone(),
+                interruption: k.interruption_condition.clone(),
+            },
+            debounce: k.debounce.0,
+            heartbeat: k.heartbeat_interval.0,
+            events: k.events,
+        };
+        let metrics = node_conditions::SinkMetrics::register(registry);
+        tokio::spawn(node_conditions::run(
+            settings,
+            metrics,
+            snapshots.clone(),
+            sink_tx.clone(),
+            shutdown.clone(),
+        ));
+    }
+}
+
+/// The sources that need a client: IMDS, the Capacity Block (EC2 API) and logind (D-Bus).
+#[cfg(feature = "clients")]
+fn spawn_client_sources(
+    config: &crate::config::Config,
+    snapshots: &tokio::sync::watch::Receiver<std::sync::Arc<crate::model::HealthSnapshot>>,
+    sink_tx: &mpsc::Sender<Observation>,
+    shutdown: &crate::shutdown::Shutdown,
+) {
+    use crate::sources::{capacity_block, imds, logind};
+    if config.imds.enabled {
+        let settings = imds::Settings {
+            endpoint: Some(config.imds.endpoint.clone()).filter(|e| !e.is_empty()),
+            poll_interval: config.imds.poll_interval.0,
+            sysfs_root: config.sysfs.root.clone(),
+        };
+        tokio::spawn(imds::run(settings, sink_tx.clone(), shutdown.clone()));
+    }
+    if config.ec2.enabled {
+        let settings = capacity_block::Settings {
+            imds_endpoint: Some(config.imds.endpoint.clone()).filter(|e| !e.is_empty()),
+            ec2_endpoint: Some(config.ec2.endpoint.clone()).filter(|e| !e.is_empty()),
+            poll_interval: config.ec2.poll_interval.0,
+            sysfs_root: config.sysfs.root.clone(),
+        };
+        tokio::spawn(capacity_block::run(
+            settings,
+            sink_tx.clone(),
+            shutdown.clone(),
+        ));
+    }
+    if config.logind.enabled {
+        let settings = logind::Settings {
+            bus_address: Some(config.logind.bus_address.clone()).filter(|a| !a.is_empty()),
+            max_delay: config.logind.max_delay.0,
+            wait_for_checkpoint: config.checkpoint.enabled
+                && config.checkpoint.triggers.contains(&NoticeKind::Shutdown),
+        };
+        tokio::spawn(logind::run(
+            settings,
+            sink_tx.clone(),
+            snapshots.clone(),
+            shutdown.clone(),
+        ));
+    }
 }

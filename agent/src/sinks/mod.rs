@@ -5,6 +5,7 @@
 
 pub mod checkpoint;
 pub mod metrics;
+#[cfg(feature = "clients")]
 pub mod node_conditions;
 pub mod status;
 pub mod systemd;

@@ -3,8 +3,10 @@
 //!
 //! [`Observation`]: crate::model::Observation
 
+#[cfg(feature = "clients")]
 pub mod capacity_block;
 pub mod imds;
 pub mod kmsg;
+#[cfg(feature = "clients")]
 pub mod logind;
 pub mod nvml;

@@ -277,6 +277,7 @@ pub async fn run(
                     .await
                     .unwrap_or_default();
             let signalled = u32::try_from(targets.len()).unwrap_or(u32::MAX);
+            #[cfg(feature = "clients")]
             if let Some((kubeconfig, node)) = &settings.kubernetes {
                 tell_kubernetes(kubeconfig, node, notice, &targets, settings.cordon).await;
             }
@@ -312,6 +313,7 @@ pub async fn run(
 
 /// Post an Event on each signalled target's pod, and cordon when asked. Best effort: the
 /// signal already went out; a failure here is logged.
+#[cfg(feature = "clients")]
 async fn tell_kubernetes(
     kubeconfig: &std::path::Path,
     node: &str,
