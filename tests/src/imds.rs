@@ -13,9 +13,23 @@ use hyper::Request;
 
 use crate::http::{respond, Server};
 
+/// A fault the service can be put into.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ImdsFault {
+    /// Answers like the real service.
+    #[default]
+    None,
+    /// Every request: 500, as the real service's error page.
+    ServerError,
+    /// Every answer comes this late.
+    Slow(Duration),
+}
+
 /// What the service holds.
 #[derive(Debug, Default)]
 pub struct ImdsState {
+    /// The fault it is in.
+    pub fault: ImdsFault,
     /// `spot/instance-action` body, if a notice is up.
     pub spot: Option<String>,
     /// `events/recommendations/rebalance` body.
@@ -63,6 +77,16 @@ impl FakeImds {
         self.state.lock().expect("state").scheduled = Some(body.to_string());
     }
 
+    /// Put the service into a fault mode (or back with [`ImdsFault::None`]).
+    pub fn set_fault(&self, fault: ImdsFault) {
+        self.state.lock().expect("state").fault = fault;
+    }
+
+    /// GETs answered so far (with a live token).
+    pub fn gets(&self) -> usize {
+        self.state.lock().expect("state").gets.len()
+    }
+
     /// Expire every token handed out (the client must fetch a new one).
     pub fn expire_tokens(&self) {
         for expiry in self.state.lock().expect("state").tokens.values_mut() {
@@ -86,6 +110,17 @@ async fn handle(
     let ttl = header("x-aws-ec2-metadata-token-ttl-seconds");
     let token = header("x-aws-ec2-metadata-token");
     let _ = req.into_body().collect().await;
+    let fault = state.lock().expect("state").fault;
+    match fault {
+        ImdsFault::None => {}
+        ImdsFault::ServerError => return respond(
+            500,
+            "text/html",
+            "<?xml version=\"1.0\"?><html><body><h1>500 - Internal Server Error</h1></body></html>"
+                .into(),
+        ),
+        ImdsFault::Slow(delay) => tokio::time::sleep(delay).await,
+    }
     let mut s = state.lock().expect("state");
     if method == hyper::Method::PUT {
         if path != "/latest/api/token" {

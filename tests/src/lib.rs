@@ -324,6 +324,14 @@ impl Agent {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// SIGKILL (no chance to clean up), then reap it.
+    pub fn kill(mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().expect("SIGKILL");
+            child.wait().expect("wait");
+        }
+    }
+
     /// SIGTERM, then wait for exit.
     pub fn stop(mut self) -> ExitStatus {
         let mut child = self.child.take().expect("running");

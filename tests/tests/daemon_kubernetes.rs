@@ -375,8 +375,7 @@ fn a_fatal_fault_survives_restarts_and_an_operator_clears_it() {
         host.gpu_bdf(7)
     ));
     wait(Duration::from_secs(10), "the replay to catch up", || {
-        gpu_agent_e2e::fault(&agent.snapshot().expect("snapshot"), &host, "xid", Some(31))
-            .is_some()
+        gpu_agent_e2e::fault(&agent.snapshot().expect("snapshot"), &host, "xid", Some(31)).is_some()
     });
 
     // The operator repaired it.

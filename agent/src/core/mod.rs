@@ -1,6 +1,9 @@
 //! The core: one task owns the node's health model. Sources send it observations; it merges
 //! them, persists what must survive a restart, and publishes a snapshot that every sink
 //! reads. Nothing else mutates health state.
+//!
+//! Saving runs on the blocking pool, one save at a time: a slow or stuck disk (fsync taking
+//! seconds) delays only the save, never the merging, the status socket or the watchdog.
 
 mod health;
 mod persist;
@@ -9,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
 
 pub use health::{HealthModel, MAX_FAULTS};
 pub use persist::{PersistError, PersistedState, StateStore};
@@ -95,6 +99,7 @@ impl Core {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut dirty = false;
+        let mut saving: Option<JoinHandle<Result<(), String>>> = None;
         let mut sources_open = true;
         let mut published_stats = self.counters.stats();
         loop {
@@ -124,14 +129,24 @@ impl Core {
                         let cleared = self.model.clear(selector.as_deref());
                         if !cleared.is_empty() {
                             published_stats = self.publish();
-                            self.persist();
+                            dirty = true;
                         }
                         let _ = reply.send(cleared);
                     }
                 },
+                result = async {
+                    match saving.as_mut() {
+                        Some(save) => save.await,
+                        None => std::future::pending().await,
+                    }
+                }, if saving.is_some() => {
+                    saving = None;
+                    // A failed save (disk full, read-only) stays dirty: retried next tick.
+                    dirty |= !self.saved(result.unwrap_or_else(|e| Err(e.to_string())));
+                }
                 _ = tick.tick() => {
-                    if dirty {
-                        self.persist();
+                    if dirty && saving.is_none() {
+                        saving = self.start_save();
                         dirty = false;
                     }
                     if self.counters.stats() != published_stats {
@@ -145,8 +160,13 @@ impl Core {
         while let Ok(observation) = observations.try_recv() {
             dirty |= self.model.apply(observation);
         }
+        if let Some(save) = saving.take() {
+            dirty |= !self.saved(save.await.unwrap_or_else(|e| Err(e.to_string())));
+        }
         if dirty {
-            self.persist();
+            if let Some(save) = self.start_save() {
+                self.saved(save.await.unwrap_or_else(|e| Err(e.to_string())));
+            }
         }
     }
 
@@ -157,16 +177,30 @@ impl Core {
         stats
     }
 
-    fn persist(&mut self) {
-        let Some(store) = &self.store else { return };
-        match store.save(&self.model.persisted()) {
-            Ok(()) => self.last_persist_error = None,
-            Err(e) => {
-                let message = e.to_string();
+    /// Start saving the current state on the blocking pool; `None` without a store.
+    fn start_save(&self) -> Option<JoinHandle<Result<(), String>>> {
+        let store = self.store.clone()?;
+        let state = self.model.persisted();
+        Some(tokio::task::spawn_blocking(move || {
+            store.save(&state).map_err(|e| e.to_string())
+        }))
+    }
+
+    /// Log a save's outcome once per change; `false` if it failed (kept in memory, retried).
+    fn saved(&mut self, result: Result<(), String>) -> bool {
+        match result {
+            Ok(()) => {
+                if self.last_persist_error.take().is_some() {
+                    tracing::info!("State saved again.");
+                }
+                true
+            }
+            Err(message) => {
                 if self.last_persist_error.as_deref() != Some(message.as_str()) {
                     tracing::warn!(error = %message, "Cannot save state; it is kept in memory and retried.");
                     self.last_persist_error = Some(message);
                 }
+                false
             }
         }
     }

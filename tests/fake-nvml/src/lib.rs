@@ -30,6 +30,7 @@ const LOST: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST;
 const RESET_REQUIRED: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_RESET_REQUIRED;
 const UNINITIALIZED: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_UNINITIALIZED;
 const INSUFFICIENT: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE;
+const UNKNOWN: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_UNKNOWN;
 
 /// Run `f` on GPU `device` for API `api`, translating the scenario's failure modes.
 fn with_gpu(device: nvmlDevice_t, api: &str, f: impl FnOnce(&Gpu) -> nvmlReturn_t) -> nvmlReturn_t {
@@ -48,6 +49,9 @@ fn with_gpu(device: nvmlDevice_t, api: &str, f: impl FnOnce(&Gpu) -> nvmlReturn_
     }
     if gpu.not_supported.iter().any(|a| a == api) {
         return NOT_SUPPORTED;
+    }
+    if gpu.errors.iter().any(|a| a == api) {
+        return UNKNOWN;
     }
     f(gpu)
 }

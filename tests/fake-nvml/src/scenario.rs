@@ -49,6 +49,9 @@ pub struct Gpu {
     /// ecc_mode, total_ecc_errors, memory_error_counter, retired_pages_pending,
     /// remapped_rows, nvlink_state, nvlink_errors, pcie, clock_events.
     pub not_supported: Vec<String>,
+    /// API names (as for `not_supported`) that fail with `NVML_ERROR_UNKNOWN`: a driver call
+    /// failing on this GPU only.
+    pub errors: Vec<String>,
     pub ecc: Ecc,
     pub remap: Remap,
     pub retired_pages_pending: bool,

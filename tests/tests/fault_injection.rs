@@ -1,0 +1,455 @@
+//! Fault injection against the real daemon: the API server down, slow, failing and refusing
+//! during faults; IMDS slow, failing, malformed and expiring its tokens; NVML failing on one
+//! GPU; the agent SIGKILLed in the middle of a state write; a full state disk; a flood of
+//! status-socket clients. After each, the agent is up, its state is right, and nothing that
+//! should have been reported or signalled was lost.
+//!
+//! (The kernel-log overrun under a flood has its own test binary, `kmsg_overrun.rs`: it
+//! overwrites the shared kernel log, so it must not run beside other tests.)
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant, SystemTime};
+
+use gpu_agent_e2e::imds::{FakeImds, ImdsFault};
+use gpu_agent_e2e::kube_api::{KubeApi, Mode};
+use gpu_agent_e2e::trainer::{gpu_device, rfc3339, Trainer};
+use gpu_agent_e2e::{fault, inject, Agent, Host, NvmlScenario};
+use serde_json::Value;
+
+const NODE: &str = "fault-node";
+const HW: &str = "AcceleratedHardwareReady";
+
+fn wait(timeout: Duration, what: &str, mut pred: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !pred() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn source_state(s: &Value, source: &str) -> String {
+    s["sources"]
+        .as_array()
+        .and_then(|a| a.iter().find(|x| x["source"] == source))
+        .map(|x| x["state"].as_str().unwrap_or_default().to_string())
+        .unwrap_or_default()
+}
+
+fn xid(host: &Host, gpu: usize, code: u32) {
+    inject(&format!(
+        "NVRM: Xid (PCI:{}): {code}, pid=1, name=train, injected fault",
+        host.gpu_bdf(gpu)
+    ));
+}
+
+/// One fault arrives in each way the API server can fail; every one ends up on the condition
+/// and as an Event once it is back, and the daemon answers locally throughout.
+#[test]
+fn api_server_down_slow_failing_or_refusing_during_faults_loses_nothing() {
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    let kubeconfig = api.kubeconfig(host.dir.path());
+    let config = host.config(&format!(
+        "node_name = \"{NODE}\"\n[kubernetes]\nkubeconfig = {kubeconfig:?}\nheartbeat_interval = \"1s\"\n"
+    ));
+    let agent = Agent::start(&config, &host.socket());
+    wait(Duration::from_secs(5), "the first condition", || {
+        api.condition(NODE, HW).is_some()
+    });
+
+    // (GPU, Xid, how the API server fails while it arrives)
+    let phases: [(usize, u32, &str); 4] = [
+        (0, 79, "5xx"),
+        (1, 48, "401"),
+        (2, 94, "slow"),
+        (3, 63, "down"),
+    ];
+    let mut api = Some(api);
+    let mut stopped = None;
+    for (gpu, code, how) in phases {
+        match how {
+            "5xx" => api.as_ref().expect("up").set_mode(Mode::ServerError),
+            "401" => api.as_ref().expect("up").set_mode(Mode::Unauthorized),
+            "slow" => {
+                let a = api.as_ref().expect("up");
+                a.set_mode(Mode::Normal);
+                a.state.lock().expect("state").delay = Duration::from_secs(3);
+            }
+            _ => stopped = api.take().map(KubeApi::stop),
+        }
+        xid(&host, gpu, code);
+        // The daemon itself knows at once, whatever the API server does.
+        agent.wait_for(Duration::from_secs(2), |s| {
+            fault(s, &host, "xid", Some(u64::from(code))).is_some()
+        });
+        let (status, _) = agent.status(false);
+        assert_eq!(status, 1, "status answers during the {how} phase");
+    }
+    // The API server is back, healthy.
+    let (addr, state) = stopped.expect("stopped");
+    let api = KubeApi::restart(addr, state);
+    api.state.lock().expect("state").delay = Duration::ZERO;
+    api.set_mode(Mode::Normal);
+    // The condition is written again (its message lists every fault in the shared kernel
+    // log, so ours are checked through their Events, one per fault).
+    let before = api.requests().len();
+    wait(
+        Duration::from_secs(15),
+        "the condition written again",
+        || {
+            api.requests()
+                .iter()
+                .skip(before)
+                .any(|r| r.method == "PATCH" && r.path.ends_with("/status"))
+                && api
+                    .condition(NODE, HW)
+                    .is_some_and(|c| c["status"] == "False")
+        },
+    );
+    wait(Duration::from_secs(15), "an Event for each fault", || {
+        let events = api.events();
+        (0..4).all(|g| {
+            events.iter().any(|e| {
+                e["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains(&host.gpu_bdf(g)))
+            })
+        })
+    });
+    assert!(agent.stop().success());
+}
+
+/// IMDS failing in every way it can: the source says so, keeps what it knew, and the Spot
+/// notice that comes after still reaches the training process in time.
+#[test]
+fn imds_slow_failing_malformed_and_expired_tokens_still_deliver_the_notice() {
+    let host = Host::new();
+    let imds = FakeImds::start();
+    let gpu = gpu_device(host.dir.path(), "nvidia0");
+    let trainer = Trainer::start(host.dir.path(), "trainer", "usr1", Some(&gpu), &[]);
+    let dev = host.dir.path().join("dev");
+    let config = host.config(&format!(
+        "[procfs]\nroot = \"/proc\"\n[imds]\nendpoint = {:?}\npoll_interval = \"200ms\"\n[checkpoint]\ndevice_glob = \"{}/nvidia[0-9]*\"\nopt_in_env = false\n",
+        imds.endpoint(),
+        dev.display()
+    ));
+    let agent = Agent::start(&config, &host.socket());
+    agent.wait_for(Duration::from_secs(5), |s| source_state(s, "imds") == "on");
+
+    // 5xx: the source is failed, with the reason.
+    imds.set_fault(ImdsFault::ServerError);
+    let s = agent.wait_for(Duration::from_secs(5), |s| {
+        source_state(s, "imds") == "failed"
+    });
+    assert!(
+        s["summary"]
+            .as_str()
+            .is_some_and(|l| l.contains("imds failed")),
+        "{}",
+        s["summary"]
+    );
+    // Slow (beyond the client's 1 s timeouts): failed too, and the daemon still answers.
+    imds.set_fault(ImdsFault::Slow(Duration::from_secs(3)));
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        source_state(&agent.snapshot().expect("answers"), "imds"),
+        "failed"
+    );
+    imds.set_fault(ImdsFault::None);
+    agent.wait_for(Duration::from_secs(10), |s| source_state(s, "imds") == "on");
+
+    // Malformed JSON: reported, and nothing is signalled on garbage.
+    imds.set_spot(Some(r#"{"action": "terminate", "time": "#));
+    let s = agent.wait_for(Duration::from_secs(5), |s| {
+        source_state(s, "imds") == "failed"
+    });
+    let reason = s["sources"]
+        .as_array()
+        .and_then(|a| a.iter().find(|x| x["source"] == "imds"))
+        .map(|x| x["reason"].to_string())
+        .unwrap_or_default();
+    assert!(
+        reason.contains("instance-action"),
+        "reason names the body: {reason}"
+    );
+    assert!(
+        trainer.signals().is_empty(),
+        "no signal on a malformed notice"
+    );
+    imds.set_spot(None);
+    agent.wait_for(Duration::from_secs(5), |s| source_state(s, "imds") == "on");
+
+    // The token expires mid-run (the service forgets it): the client must fetch a new one.
+    imds.expire_tokens();
+    let deadline = rfc3339(SystemTime::now() + Duration::from_secs(120));
+    imds.set_spot(Some(&format!(
+        r#"{{"action": "terminate", "time": "{deadline}"}}"#
+    )));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while trainer.signals() != ["SIGUSR1"] {
+        assert!(
+            Instant::now() < deadline,
+            "no SIGUSR1 after the token expired: {:?}\n{}",
+            agent.snapshot().map(|s| s["sources"].clone()),
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    agent.wait_for(Duration::from_secs(5), |s| {
+        s["pending_end"]["kind"] == "spot"
+    });
+    assert!(agent.stop().success());
+}
+
+/// Every NVML call for one GPU fails: the others are still watched, the failing one is not
+/// reported as broken hardware, and once its calls work again it is watched too.
+#[test]
+fn nvml_failing_on_one_gpu_leaves_the_others_watched() {
+    let host = Host::new();
+    let failing = r#"errors = ["ecc_mode", "total_ecc_errors", "memory_error_counter", "retired_pages_pending", "remapped_rows", "nvlink_state", "nvlink_errors", "pcie", "clock_events"]"#;
+    let agent = host.start_with_nvml(&NvmlScenario::healthy().gpu(2, failing), "");
+    let s = agent.wait_for(Duration::from_secs(5), |s| source_state(s, "nvml") == "on");
+    assert!(
+        gpu_agent_e2e::faults_on(&s, &host).is_empty(),
+        "failing calls are not a hardware fault: {:#}",
+        s["faults"]
+    );
+    // A real fault on another GPU is still found.
+    NvmlScenario::healthy()
+        .gpu(2, failing)
+        .gpu(
+            5,
+            "ecc.volatile_uncorrected = 2\necc.aggregate_uncorrected = 2",
+        )
+        .write(&host);
+    let s = agent.wait_for(Duration::from_secs(5), |s| {
+        fault(s, &host, "ecc-uncorrected-volatile", None).is_some()
+    });
+    assert_eq!(
+        fault(&s, &host, "ecc-uncorrected-volatile", None).expect("ecc")["gpu_index"],
+        5
+    );
+    // GPU 2's calls work again and it has a fault of its own: found.
+    NvmlScenario::healthy()
+        .gpu(2, "remap.pending = true")
+        .gpu(
+            5,
+            "ecc.volatile_uncorrected = 2\necc.aggregate_uncorrected = 2",
+        )
+        .write(&host);
+    agent.wait_for(Duration::from_secs(5), |s| {
+        gpu_agent_e2e::faults_on(s, &host)
+            .iter()
+            .any(|f| f["gpu_index"] == 2)
+    });
+    assert!(agent.stop().success());
+}
+
+/// SIGKILL while the state file is being replaced: the previous state is whole, and the
+/// restarted agent has everything (the unsaved fault comes back from the kernel log, since
+/// the cursor was not saved either).
+#[test]
+fn sigkill_during_a_state_write_leaves_whole_state_and_loses_nothing() {
+    let host = Host::new();
+    let config = host.config("");
+    let state_file = host.dir.path().join("state/state.json");
+    let agent = Agent::start(&config, &host.socket());
+    xid(&host, 0, 79);
+    agent.wait_for(Duration::from_secs(2), |s| {
+        fault(s, &host, "xid", Some(79)).is_some()
+    });
+    assert!(agent.stop().success());
+    let before = std::fs::read_to_string(&state_file).expect("state written");
+
+    // The next write pauses after the temporary file is complete, before the rename.
+    xid(&host, 1, 48);
+    let agent = Agent::start_with_env(
+        &config,
+        &host.socket(),
+        &[("GPU_AGENT_FAILPOINT", "pause-before-rename")],
+    );
+    wait(Duration::from_secs(10), "the write to pause", || {
+        agent.log().contains("failpoint: paused")
+    });
+    agent.kill();
+    let after = std::fs::read_to_string(&state_file).expect("state still there");
+    assert_eq!(after, before, "the old state is intact, not half-written");
+    serde_json::from_str::<Value>(&after).expect("and parses");
+
+    let agent = Agent::start(&config, &host.socket());
+    let s = agent.wait_for(Duration::from_secs(5), |s| {
+        fault(s, &host, "xid", Some(48)).is_some()
+    });
+    assert!(
+        fault(&s, &host, "xid", Some(79)).is_some(),
+        "the saved fault is back"
+    );
+    assert_eq!(
+        fault(&s, &host, "xid", Some(48)).expect("48")["count"],
+        1,
+        "the replayed line is counted once"
+    );
+    assert!(agent.stop().success());
+}
+
+/// The state directory's filesystem fills up: the agent warns, keeps the state in memory, the
+/// old file stays whole, and the state is saved once there is room again.
+#[test]
+fn a_full_state_disk_keeps_state_in_memory_and_saves_when_there_is_room() {
+    let host = Host::new();
+    let state_dir = host.dir.path().join("state");
+    std::fs::create_dir_all(&state_dir).expect("mkdir");
+    let mount = std::process::Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=1m",
+            "gpu-agent-test",
+            &state_dir.to_string_lossy(),
+        ])
+        .status()
+        .expect("mount");
+    assert!(mount.success(), "mount tmpfs (tests run as root)");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(state_dir.clone());
+
+    let config = host.config("");
+    let agent = Agent::start(&config, &host.socket());
+    xid(&host, 0, 79);
+    agent.wait_for(Duration::from_secs(2), |s| {
+        fault(s, &host, "xid", Some(79)).is_some()
+    });
+    let state_file = state_dir.join("state.json");
+    wait(Duration::from_secs(5), "the first save", || {
+        std::fs::read_to_string(&state_file).is_ok_and(|t| t.contains("\"xid\""))
+    });
+    let before = std::fs::read_to_string(&state_file).expect("state");
+
+    // Fill the disk.
+    let filler = state_dir.join("filler");
+    let mut file = std::fs::File::create(&filler).expect("filler");
+    let chunk = vec![0u8; 4096];
+    while file.write_all(&chunk).is_ok() {}
+    drop(file);
+
+    xid(&host, 1, 48);
+    agent.wait_for(Duration::from_secs(2), |s| {
+        fault(s, &host, "xid", Some(48)).is_some()
+    });
+    wait(Duration::from_secs(5), "the warning", || {
+        agent.log().contains("Cannot save state")
+    });
+    assert_eq!(
+        std::fs::read_to_string(&state_file).expect("state"),
+        before,
+        "the old state is whole"
+    );
+    let (code, out) = agent.status(false);
+    assert_eq!(code, 1, "status still answers: {out}");
+
+    std::fs::remove_file(&filler).expect("make room");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !std::fs::read_to_string(&state_file).is_ok_and(|t| {
+        serde_json::from_str::<Value>(&t).is_ok_and(|v| {
+            v["faults"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(|f| f["code"]["code"] == 48))
+        })
+    }) {
+        assert!(
+            Instant::now() < deadline,
+            "state not saved again: {:?}\n{}",
+            std::fs::read_dir(&state_dir)
+                .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>()),
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !agent.log().contains("State saved again.") {
+        assert!(
+            Instant::now() < deadline,
+            "no all-clear in the log:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(agent.stop().success());
+}
+
+/// Hundreds of clients hold the status socket open, send garbage or never finish: the agent
+/// stays up with bounded memory and file descriptors, keeps detecting faults, and answers
+/// again as soon as the flood ends.
+#[test]
+fn a_flood_of_status_clients_is_bounded_and_the_agent_keeps_working() {
+    let host = Host::new();
+    let config = host.config("");
+    let agent = Agent::start(&config, &host.socket());
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", agent.pid()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let rss_kib = || {
+        std::fs::read_to_string(format!("/proc/{}/status", agent.pid()))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let (fds_before, rss_before) = (fds(), rss_kib());
+
+    let mut held = Vec::new();
+    for i in 0..500 {
+        let Ok(mut stream) = UnixStream::connect(host.socket()) else {
+            continue;
+        };
+        match i % 3 {
+            // Never sends anything.
+            0 => {}
+            // A request line that never ends.
+            1 => {
+                let _ = stream.write_all(&[b'x'; 8192]);
+            }
+            // Garbage, then waits.
+            _ => {
+                let _ = stream.write_all(b"{\"command\": 42}\n");
+            }
+        }
+        held.push(stream);
+    }
+    // While flooded, a fault is still detected and the daemon is bounded.
+    xid(&host, 0, 79);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        fds() < fds_before + 100,
+        "file descriptors bounded: {} -> {}",
+        fds_before,
+        fds()
+    );
+    assert!(
+        rss_kib() < rss_before + 32 * 1024,
+        "memory bounded: {rss_before} -> {} KiB",
+        rss_kib()
+    );
+    // The garbage got an error answer, not a crash.
+    let mut answer = String::new();
+    let _ = held[2].read_to_string(&mut answer);
+    drop(held);
+
+    let s = agent.wait_for(Duration::from_secs(5), |s| {
+        fault(s, &host, "xid", Some(79)).is_some()
+    });
+    assert_eq!(s["health"], "fatal");
+    let (code, _) = agent.status(false);
+    assert_eq!(code, 1, "answers after the flood");
+    assert!(agent.stop().success());
+}
