@@ -131,9 +131,18 @@ pub async fn lookup(settings: &Settings) -> Result<Option<Notice>, CapacityError
         let _ = endpoint;
     }
     let client = aws_sdk_ec2::Client::new(&loader.load().await);
+    notice_for(&client, &instance_id).await
+}
+
+/// The two EC2 calls and what is taken from their answers: the Capacity Block notice for
+/// `instance_id`, if it runs in one.
+pub async fn notice_for(
+    client: &aws_sdk_ec2::Client,
+    instance_id: &str,
+) -> Result<Option<Notice>, CapacityError> {
     let instances = client
         .describe_instances()
-        .instance_ids(&instance_id)
+        .instance_ids(instance_id)
         .send()
         .await
         .map_err(|e| ec2_error("DescribeInstances", e))?;

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Reproduce BENCHMARKS.md: footprint and latency of the release build against test doubles.
+#
+#   sudo tests/bench.sh [all|size|footprint|latency|flood|throughput]   (default: all)
+#
+# Knobs: FOOTPRINT_SECS (600), FLOOD_RATE (100000), FLOOD_SECS (60).
+# The flood overwrites the shared kernel log and the latency runs inject into it: run this
+# alone, not beside the test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+what="${1:-all}"
+
+if [ "$(id -u)" != 0 ]; then
+  echo "tests/bench.sh: needs root (/dev/kmsg, kernel.printk_devkmsg)" >&2
+  exit 1
+fi
+cargo build --locked --release -p gpu-agent -p fake-nvml
+target="${CARGO_TARGET_DIR:-target}"
+export GPU_AGENT_BIN="$PWD/$target/release/gpu-agent"
+export FAKE_NVML_LIB="$PWD/$target/release/libfake_nvml.so"
+bench() { cargo bench --locked -q -p "$1" --bench "$2" 2>/dev/null | grep -v '^$' || true; }
+
+case "$what" in all | size)
+  echo "== binary size"
+  stat -c '%s bytes  %n' "$GPU_AGENT_BIN"
+  ;; esac
+case "$what" in all | footprint)
+  echo "== start-to-READY and idle footprint, all sources on (${FOOTPRINT_SECS:-600} s)"
+  bench gpu-agent-e2e footprint
+  ;; esac
+case "$what" in all | latency)
+  echo "== kernel-log line to Kubernetes API request"
+  bench gpu-agent-e2e condition_latency
+  echo "== notice to checkpoint signal"
+  BENCH_IDLE_SECS=${BENCH_IDLE_SECS:-30} bench gpu-agent-e2e notice_latency
+  echo "== kernel-log line to status, parse throughput, idle"
+  BENCH_IDLE_SECS=${BENCH_IDLE_SECS:-60} bench gpu-agent kmsg
+  ;; esac
+case "$what" in all | throughput)
+  echo "== NVML poll cost"
+  bench gpu-agent nvml
+  ;; esac
+case "$what" in all | flood)
+  echo "== kernel-log flood (${FLOOD_RATE:-100000} lines/s for ${FLOOD_SECS:-60} s)"
+  bench gpu-agent-e2e kmsg_flood
+  ;; esac
