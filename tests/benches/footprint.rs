@@ -15,29 +15,7 @@ use gpu_agent_e2e::ec2::FakeEc2;
 use gpu_agent_e2e::imds::FakeImds;
 use gpu_agent_e2e::kube_api::KubeApi;
 use gpu_agent_e2e::logind::FakeLogind;
-use gpu_agent_e2e::{fake_nvml, Agent, Host, NvmlScenario};
-
-fn kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit(')').next().unwrap_or_default();
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let get = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    get(11) + get(12)
-}
+use gpu_agent_e2e::{cpu_ticks, fake_nvml, status_kib, Agent, Host, NvmlScenario};
 
 fn main() {
     let secs: u64 = std::env::var("FOOTPRINT_SECS")
@@ -119,13 +97,13 @@ fn main() {
     let mut rss_max = 0;
     while t0.elapsed() < Duration::from_secs(secs) {
         std::thread::sleep(Duration::from_secs(1));
-        rss_max = rss_max.max(kib(pid, "VmRSS:"));
+        rss_max = rss_max.max(status_kib(pid, "VmRSS:"));
     }
     let cpu = (cpu_ticks(pid) - ticks0) as f64 / 100.0 / t0.elapsed().as_secs_f64() * 100.0;
     println!(
         "idle {secs} s, all sources on: RSS {} KiB now, max {rss_max} KiB, VmHWM {} KiB; CPU {cpu:.3}% of one core; IMDS GETs {}, API requests {}",
-        kib(pid, "VmRSS:"),
-        kib(pid, "VmHWM:"),
+        status_kib(pid, "VmRSS:"),
+        status_kib(pid, "VmHWM:"),
         imds.gets(),
         api.requests().len()
     );

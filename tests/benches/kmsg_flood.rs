@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpu_agent_e2e::{fault, Agent, Host};
+use gpu_agent_e2e::{cpu_ticks, fault, status_kib, Agent, Host};
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -28,29 +28,7 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 /// `(VmRSS, VmHWM)` in KiB.
 fn memory_kib(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
-/// User + system CPU ticks of a process.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit(')').next().unwrap_or_default();
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let get = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    get(11) + get(12)
+    (status_kib(pid, "VmRSS:"), status_kib(pid, "VmHWM:"))
 }
 
 /// Restores `kernel.printk_devkmsg` on drop.

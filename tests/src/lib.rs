@@ -72,6 +72,42 @@ pub fn fake_nvml() -> PathBuf {
         .clone()
 }
 
+/// Poll `pred` every 5 ms until it holds; panics naming `what` after `timeout`. Returns how
+/// long it took.
+pub fn wait_until(timeout: Duration, what: &str, mut pred: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !pred() {
+        assert!(started.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    started.elapsed()
+}
+
+/// CPU ticks (user + system, 1/100 s) a process has used, from `/proc/PID/stat`.
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+    let after = stat.rsplit(')').next().unwrap_or_default();
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let get = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    get(11) + get(12)
+}
+
+/// A `kB` field of `/proc/PID/status` (`"VmRSS:"`, `"VmHWM:"`), in KiB; 0 if absent.
+pub fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
 /// A PCI domain no other test in this run uses.
 pub fn unique_domain() -> u32 {
     static NEXT: AtomicU32 = AtomicU32::new(0);

@@ -6,16 +6,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use gpu_agent_e2e::imds::FakeImds;
 use gpu_agent_e2e::trainer::{gpu_device, rfc3339, Trainer};
-use gpu_agent_e2e::{cli, Agent, Host};
-
-fn wait(timeout: Duration, what: &str, mut pred: impl FnMut() -> bool) -> Duration {
-    let started = Instant::now();
-    while !pred() {
-        assert!(started.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    started.elapsed()
-}
+use gpu_agent_e2e::{cli, wait_until as wait, Agent, Host};
 
 /// The daemon under test scans the real /proc. Only the test that exercises the opt-in
 /// variable honours it, so daemons of tests running in parallel leave its processes alone.

@@ -4,19 +4,11 @@
 use std::time::{Duration, Instant};
 
 use gpu_agent_e2e::kube_api::{KubeApi, Mode};
-use gpu_agent_e2e::{cli, inject, Agent, Host, NvmlScenario};
+use gpu_agent_e2e::{cli, inject, wait_until as wait, Agent, Host, NvmlScenario};
 use serde_json::Value;
 
 const NODE: &str = "gpu-node-1";
 const HW: &str = "AcceleratedHardwareReady";
-
-fn wait(timeout: Duration, what: &str, mut pred: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !pred() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
 
 fn k8s_config(host: &Host, api: &KubeApi, extra: &str) -> String {
     format!(

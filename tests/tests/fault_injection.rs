@@ -14,19 +14,11 @@ use std::time::{Duration, Instant, SystemTime};
 use gpu_agent_e2e::imds::{FakeImds, ImdsFault};
 use gpu_agent_e2e::kube_api::{KubeApi, Mode};
 use gpu_agent_e2e::trainer::{gpu_device, rfc3339, Trainer};
-use gpu_agent_e2e::{fault, inject, Agent, Host, NvmlScenario};
+use gpu_agent_e2e::{fault, inject, wait_until as wait, Agent, Host, NvmlScenario};
 use serde_json::Value;
 
 const NODE: &str = "fault-node";
 const HW: &str = "AcceleratedHardwareReady";
-
-fn wait(timeout: Duration, what: &str, mut pred: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !pred() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
 
 fn source_state(s: &Value, source: &str) -> String {
     s["sources"]
@@ -397,14 +389,7 @@ fn a_flood_of_status_clients_is_bounded_and_the_agent_keeps_working() {
             .map(|d| d.count())
             .unwrap_or(0)
     };
-    let rss_kib = || {
-        std::fs::read_to_string(format!("/proc/{}/status", agent.pid()))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
+    let rss_kib = || gpu_agent_e2e::status_kib(agent.pid(), "VmRSS:");
     let (fds_before, rss_before) = (fds(), rss_kib());
 
     let mut held = Vec::new();

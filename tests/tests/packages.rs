@@ -238,3 +238,22 @@ fn deb_installs_and_runs_on_a_real_systemd_boot() {
     let status = container.poweroff();
     assert!(status.success(), "nspawn: {status}");
 }
+
+/// The packaged binary runs on Amazon Linux 2023 (glibc 2.34), what EKS AMIs run, although it
+/// is built on Debian 12 (glibc 2.36): it needs no newer glibc symbol version.
+#[test]
+fn the_binary_needs_no_glibc_newer_than_amazon_linux_2023s() {
+    let symbols = run(Command::new("objdump")
+        .arg("-T")
+        .arg(gpu_agent_e2e::binary()));
+    let newest = symbols
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+        .filter_map(|w| w.strip_prefix("GLIBC_"))
+        .filter_map(|v| {
+            let mut parts = v.split('.').map(|p| p.parse::<u32>().ok());
+            Some((parts.next()??, parts.next().flatten().unwrap_or(0)))
+        })
+        .max()
+        .expect("dynamically linked against glibc");
+    assert!(newest <= (2, 34), "needs GLIBC_{}.{}", newest.0, newest.1);
+}
