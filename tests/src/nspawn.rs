@@ -185,10 +185,28 @@ impl Container {
 }
 
 impl Drop for Container {
+    /// A test that failed half-way still shuts the container down: SIGTERM makes nspawn
+    /// power the container off; if that hangs, SIGKILL to the container's PID 1 ends its
+    /// whole PID namespace. (Killing only nspawn would leave the booted system running.)
     fn drop(&mut self) {
-        if let Ok(None) = self.nspawn.try_wait() {
-            let _ = self.nspawn.kill();
-            let _ = self.nspawn.wait();
+        if !matches!(self.nspawn.try_wait(), Ok(None)) {
+            return;
         }
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(self.nspawn.id() as i32).expect("pid"),
+            rustix::process::Signal::TERM,
+        );
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.nspawn.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if let Some(init) = rustix::process::Pid::from_raw(self.init as i32) {
+            let _ = rustix::process::kill_process(init, rustix::process::Signal::KILL);
+        }
+        let _ = self.nspawn.kill();
+        let _ = self.nspawn.wait();
     }
 }
