@@ -38,14 +38,14 @@ impl DevkmsgRatelimit {
     fn off() -> Self {
         let path = "/proc/sys/kernel/printk_devkmsg";
         let old = std::fs::read_to_string(path).unwrap_or_else(|_| "ratelimit".into());
-        std::fs::write(path, "on").expect("set printk_devkmsg (run as root)");
+        std::fs::write(path, "on\n").expect("set printk_devkmsg (run as root)");
         Self(old.trim().to_string())
     }
 }
 
 impl Drop for DevkmsgRatelimit {
     fn drop(&mut self) {
-        let _ = std::fs::write("/proc/sys/kernel/printk_devkmsg", &self.0);
+        let _ = std::fs::write("/proc/sys/kernel/printk_devkmsg", format!("{}\n", self.0));
     }
 }
 
