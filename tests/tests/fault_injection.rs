@@ -7,7 +7,7 @@
 //! (The kernel-log overrun under a flood has its own test binary, `kmsg_overrun.rs`: it
 //! overwrites the shared kernel log, so it must not run beside other tests.)
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -397,7 +397,9 @@ fn a_flood_of_status_clients_is_bounded_and_the_agent_keeps_working() {
         let Ok(mut stream) = UnixStream::connect(host.socket()) else {
             continue;
         };
-        match i % 3 {
+        // The first hundred say nothing: they hold every one of the daemon's client slots
+        // until its per-client timeout.
+        match if i < 100 { 0 } else { i % 3 } {
             // Never sends anything.
             0 => {}
             // A request line that never ends.
@@ -425,9 +427,10 @@ fn a_flood_of_status_clients_is_bounded_and_the_agent_keeps_working() {
         "memory bounded: {rss_before} -> {} KiB",
         rss_kib()
     );
-    // The garbage got an error answer, not a crash.
-    let mut answer = String::new();
-    let _ = held[2].read_to_string(&mut answer);
+    // `gpu-agent status` still answers while the socket is flooded (the client asks again
+    // when it is turned away at the limit).
+    let (code, out) = agent.status(false);
+    assert_eq!(code, 1, "status answers during the flood: {out}");
     drop(held);
 
     let s = agent.wait_for(Duration::from_secs(5), |s| {
