@@ -72,6 +72,22 @@ pub fn fake_nvml() -> PathBuf {
         .clone()
 }
 
+/// Run a tool to completion and return its stdout; panics with the command, both output
+/// streams and `hint` (how to install the tool) if it cannot start or fails.
+pub fn run_ok(cmd: &mut Command, hint: &str) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e} ({hint})"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Poll `pred` every 5 ms until it holds; panics naming `what` after `timeout`. Returns how
 /// long it took.
 pub fn wait_until(timeout: Duration, what: &str, mut pred: impl FnMut() -> bool) -> Duration {

@@ -21,19 +21,15 @@ pub fn rootfs() -> PathBuf {
     let partial = root.with_extension("partial");
     let _ = std::fs::remove_dir_all(&partial);
     std::fs::create_dir_all(root.parent().expect("rootfs parent")).expect("cache dir");
-    let out = Command::new("debootstrap")
-        .args([
-            "--variant=minbase",
-            "--include=systemd-sysv,dbus",
-            "bookworm",
-        ])
-        .arg(&partial)
-        .output()
-        .expect("debootstrap (apt install debootstrap; .ci/run installs it)");
-    assert!(
-        out.status.success(),
-        "debootstrap failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    crate::run_ok(
+        Command::new("debootstrap")
+            .args([
+                "--variant=minbase",
+                "--include=systemd-sysv,dbus",
+                "bookworm",
+            ])
+            .arg(&partial),
+        "apt install debootstrap; .ci/run installs it",
     );
     std::fs::rename(&partial, &root).expect("publish rootfs");
     root

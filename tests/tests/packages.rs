@@ -26,17 +26,12 @@ fn packages() -> &'static Path {
             None => panic!("odd binary path {}", bin.display()),
         };
         let target = profile_dir.parent().expect("target dir");
-        let out = Command::new(repo().join("packaging/build-packages.sh"))
-            .args(["--profile", profile, "--no-build", "--fast", "--out"])
-            .arg(dir.path())
-            .env("CARGO_TARGET_DIR", target)
-            .output()
-            .expect("packaging/build-packages.sh");
-        assert!(
-            out.status.success(),
-            "build-packages.sh failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+        gpu_agent_e2e::run_ok(
+            Command::new(repo().join("packaging/build-packages.sh"))
+                .args(["--profile", profile, "--no-build", "--fast", "--out"])
+                .arg(dir.path())
+                .env("CARGO_TARGET_DIR", target),
+            "cargo install --locked cargo-deb cargo-generate-rpm; .ci/run installs them",
         );
         dir
     })
@@ -57,13 +52,7 @@ fn package(ext: &str) -> PathBuf {
 }
 
 fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().expect("spawn");
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    gpu_agent_e2e::run_ok(cmd, ".ci/run installs rpm, dpkg-deb and binutils")
 }
 
 #[test]

@@ -155,16 +155,11 @@ fn monitoring_uses_only_metrics_the_agent_exports() {
 #[test]
 fn alert_rules_pass_promtool() {
     let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/monitoring/alerts.yaml");
-    let out = Command::new("promtool")
-        .args(["check", "rules"])
-        .arg(&rules)
-        .output()
-        .expect("promtool (apt install prometheus; .ci/run installs it)");
-    assert!(
-        out.status.success(),
-        "promtool: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    gpu_agent_e2e::run_ok(
+        Command::new("promtool")
+            .args(["check", "rules"])
+            .arg(&rules),
+        "apt install prometheus; .ci/run installs it",
     );
 }
 
@@ -176,17 +171,12 @@ fn ami_template_passes_packer_validate() {
     let dir = tempfile::tempdir().expect("tempdir");
     let rpm = dir.path().join("gpu-agent-0.1.0-1.x86_64.rpm");
     std::fs::write(&rpm, b"").expect("stand-in package");
-    let out = Command::new("unshare")
-        .args(["--net", "packer", "validate"])
-        .arg(format!("-var=package={}", rpm.display()))
-        .arg(&ami)
-        .output()
-        .expect("unshare packer (apt install packer; .ci/run installs it)");
-    assert!(
-        out.status.success(),
-        "packer validate: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    gpu_agent_e2e::run_ok(
+        Command::new("unshare")
+            .args(["--net", "packer", "validate"])
+            .arg(format!("-var=package={}", rpm.display()))
+            .arg(&ami),
+        "apt install packer; .ci/run installs it",
     );
 }
 
