@@ -154,40 +154,17 @@ fn latency(socket: &Path) {
     );
 }
 
-fn proc_stat(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let rss_kb = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
-    let ticks = fields
-        .get(11)
-        .and_then(|u| u.parse::<u64>().ok())
-        .unwrap_or(0)
-        + fields
-            .get(12)
-            .and_then(|s| s.parse::<u64>().ok())
-            .unwrap_or(0);
-    (rss_kb, ticks)
-}
-
 fn idle(pid: u32) {
     let secs: u64 = std::env::var("BENCH_IDLE_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);
-    let (_, ticks_before) = proc_stat(pid);
+    let ticks_before = gpu_agent_e2e::cpu_ticks(pid);
     std::thread::sleep(Duration::from_secs(secs));
-    let (rss_kb, ticks_after) = proc_stat(pid);
+    let (rss_kb, ticks_after) = (
+        gpu_agent_e2e::status_kib(pid, "VmRSS:"),
+        gpu_agent_e2e::cpu_ticks(pid),
+    );
     // USER_HZ is 100 on Linux.
     let cpu_pct = (ticks_after - ticks_before) as f64 / (secs as f64 * 100.0) * 100.0;
     println!(

@@ -1,8 +1,6 @@
 //! The binary's command line: exit codes and the one-shot commands that need no daemon.
 
-mod common;
-
-use common::run;
+use gpu_agent_e2e::cli as run;
 
 #[test]
 fn xid_explains_a_code() {

@@ -4,8 +4,6 @@
 //! Regenerate the golden files after an intended change with
 //! `UPDATE_GOLDEN=1 cargo test -p gpu-agent --test kubelet_config`.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -32,7 +30,7 @@ fn run(args: &[&str], config: &Path) -> (i32, String, String) {
     let config = config.to_string_lossy();
     let mut all = vec!["--config", config.as_ref()];
     all.extend_from_slice(args);
-    common::run(&all)
+    gpu_agent_e2e::cli(&all)
 }
 
 /// A config whose [kubelet] paths live in `dir`, with nodeadm's drop-in directory present.

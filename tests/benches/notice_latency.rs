@@ -9,25 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use gpu_agent_e2e::imds::FakeImds;
 use gpu_agent_e2e::trainer::{gpu_device, rfc3339, Trainer};
-use gpu_agent_e2e::{Agent, Host};
-
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
-    fields
-        .get(11)
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0)
-        + fields
-            .get(12)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-}
+use gpu_agent_e2e::{cpu_ticks, Agent, Host};
 
 fn main() {
     let host = Host::new();

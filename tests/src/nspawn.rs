@@ -188,10 +188,9 @@ impl Drop for Container {
         if !matches!(self.nspawn.try_wait(), Ok(None)) {
             return;
         }
-        let _ = rustix::process::kill_process(
-            rustix::process::Pid::from_raw(self.nspawn.id() as i32).expect("pid"),
-            rustix::process::Signal::TERM,
-        );
+        if let Some(nspawn) = rustix::process::Pid::from_raw(self.nspawn.id() as i32) {
+            let _ = rustix::process::kill_process(nspawn, rustix::process::Signal::TERM);
+        }
         let deadline = Instant::now() + Duration::from_secs(15);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.nspawn.try_wait() {

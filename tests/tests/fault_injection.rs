@@ -50,36 +50,26 @@ fn api_server_down_slow_failing_or_refusing_during_faults_loses_nothing() {
         api.condition(NODE, HW).is_some()
     });
 
-    // (GPU, Xid, how the API server fails while it arrives)
-    let phases: [(usize, u32, &str); 4] = [
-        (0, 79, "5xx"),
-        (1, 48, "401"),
-        (2, 94, "slow"),
-        (3, 63, "down"),
-    ];
-    let mut api = Some(api);
-    let mut stopped = None;
-    for (gpu, code, how) in phases {
-        match how {
-            "5xx" => api.as_ref().expect("up").set_mode(Mode::ServerError),
-            "401" => api.as_ref().expect("up").set_mode(Mode::Unauthorized),
-            "slow" => {
-                let a = api.as_ref().expect("up");
-                a.set_mode(Mode::Normal);
-                a.state.lock().expect("state").delay = Duration::from_secs(3);
-            }
-            _ => stopped = api.take().map(KubeApi::stop),
-        }
+    // A new fault arrives while the API server fails in each way in turn; the daemon itself
+    // knows at once, whatever the API server does.
+    let arrives = |gpu: usize, code: u32, how: &str| {
         xid(&host, gpu, code);
-        // The daemon itself knows at once, whatever the API server does.
         agent.wait_for(Duration::from_secs(2), |s| {
             fault(s, &host, "xid", Some(u64::from(code))).is_some()
         });
         let (status, _) = agent.status(false);
-        assert_eq!(status, 1, "status answers during the {how} phase");
-    }
+        assert_eq!(status, 1, "status answers while the API server is {how}");
+    };
+    api.set_mode(Mode::ServerError);
+    arrives(0, 79, "failing (5xx)");
+    api.set_mode(Mode::Unauthorized);
+    arrives(1, 48, "refusing (401)");
+    api.set_mode(Mode::Normal);
+    api.state.lock().expect("state").delay = Duration::from_secs(3);
+    arrives(2, 94, "slow");
+    let (addr, state) = api.stop();
+    arrives(3, 63, "down");
     // The API server is back, healthy.
-    let (addr, state) = stopped.expect("stopped");
     let api = KubeApi::restart(addr, state);
     api.state.lock().expect("state").delay = Duration::ZERO;
     api.set_mode(Mode::Normal);
@@ -264,6 +254,11 @@ fn sigkill_during_a_state_write_leaves_whole_state_and_loses_nothing() {
     wait(Duration::from_secs(10), "the write to pause", || {
         agent.log().contains("failpoint: paused")
     });
+    // The write is stuck, the daemon is not: saves run beside the core.
+    assert!(
+        agent.snapshot().is_some(),
+        "the daemon answers while its state write is stuck"
+    );
     agent.kill();
     let after = std::fs::read_to_string(&state_file).expect("state still there");
     assert_eq!(after, before, "the old state is intact, not half-written");

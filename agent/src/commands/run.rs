@@ -19,7 +19,6 @@ use crate::sources::{kmsg, nvml};
 const OBSERVATION_QUEUE: usize = 1024;
 /// Why the IMDS, Capacity Block and logind sources and the Kubernetes sinks are off in a
 /// build without the `clients` feature.
-#[cfg_attr(feature = "clients", allow(dead_code))]
 const NOT_BUILT_IN: &str = "not built in (gpu-agent built without the `clients` feature)";
 /// How long start-up waits for sources to report before READY=1.
 const SOURCE_START_WAIT: Duration = Duration::from_secs(5);
