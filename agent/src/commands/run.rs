@@ -114,6 +114,10 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
         }
     }
     let mut registry = Registry::default();
+    #[cfg(not(feature = "clients"))]
+    if config.kubernetes.enabled {
+        tracing::info!(reason = NOT_BUILT_IN, "Kubernetes sink is off.");
+    }
     #[cfg(feature = "clients")]
     spawn_node_conditions(
         &config,
