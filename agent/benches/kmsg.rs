@@ -73,17 +73,18 @@ fn parse_throughput() {
         let started = Instant::now();
         let mut found = 0usize;
         for _ in 0..5 {
-            let counters = std::sync::Arc::new(kmsg::Counters::default());
+            let counters = std::sync::Arc::new(gpu_agent::model::KmsgCounters::default());
             let settings = kmsg::Settings {
                 path: "/dev/null".into(),
                 resume_after: None,
                 branch: DriverBranch::Unknown,
                 boot_time: Some(SystemTime::now()),
+                accept_userspace: true,
             };
             let mut reader = kmsg::RecordReader::new(settings, counters);
             for line in &lines {
-                let entry = rmesg::kmsgfile::entry_from_line(line).expect("entry");
-                found += usize::from(reader.on_entry(&entry).is_some());
+                let record = kmsg::record::parse(line).expect("record");
+                found += usize::from(reader.on_record(&record).is_some());
             }
         }
         let per_sec = (5 * lines.len()) as f64 / started.elapsed().as_secs_f64();
@@ -94,7 +95,7 @@ fn parse_throughput() {
 fn write_config(dir: &Path) -> std::path::PathBuf {
     let path = dir.join("config.toml");
     let text = format!(
-        "state_dir = {:?}\n[status]\nsocket = {:?}\n[metrics]\nenabled = false\n",
+        "state_dir = {:?}\n[status]\nsocket = {:?}\n[metrics]\nenabled = false\n[kmsg]\naccept_userspace = true\n",
         dir.join("state"),
         dir.join("agent.sock")
     );

@@ -34,6 +34,8 @@ fn main() {
         poll_interval: std::time::Duration::from_secs(10),
         expected_gpus: 8,
         sysfs_root: dir.path().to_path_buf(),
+        procfs_root: dir.path().to_path_buf(),
+        nvlink_boot_grace: std::time::Duration::ZERO,
     });
     for _ in 0..10 {
         poller.poll(&nvml);

@@ -1,5 +1,6 @@
-//! A kernel-log message, as /dev/kmsg hands it over: the line parser and the report built
-//! from it (catalog lookup, NVLink5 decode for both driver layouts, detail truncation).
+//! A kernel-log record, as /dev/kmsg hands it over: the record header parser (any facility),
+//! the line parser and the report built from it (catalog lookup, NVLink5 decode for both
+//! driver layouts, detail truncation).
 #![no_main]
 
 use gpu_agent::catalog::DriverBranch;
@@ -8,6 +9,9 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let line = String::from_utf8_lossy(data);
+    if let Ok(record) = kmsg::record::parse(&line) {
+        let _ = kmsg::parse::parse(&record.message);
+    }
     let _ = kmsg::parse::parse(&line);
     for branch in [
         DriverBranch::PreR575,

@@ -87,6 +87,11 @@ impl FakeImds {
         self.state.lock().expect("state").gets.len()
     }
 
+    /// Session tokens handed out so far (one `PUT /latest/api/token` each).
+    pub fn tokens_issued(&self) -> usize {
+        self.state.lock().expect("state").tokens.len()
+    }
+
     /// Expire every token handed out (the client must fetch a new one).
     pub fn expire_tokens(&self) {
         for expiry in self.state.lock().expect("state").tokens.values_mut() {

@@ -3,7 +3,7 @@
 //! `PATCH /api/v1/nodes/NAME/status` that requires `application/strategic-merge-patch+json`
 //! (415 otherwise) and merges `status.conditions` by `type`, Events created with `POST`
 //! (409 AlreadyExists on a duplicate name) and updated with merge-`PATCH`; modes for 401, 403,
-//! 500 and slow answers. Errors are `Status` objects, as the real server sends.
+//! 500, slow answers and requests never answered. Errors are `Status` objects, as the real server sends.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -30,6 +30,9 @@ pub enum Mode {
     Forbidden,
     /// Every request: 500.
     ServerError,
+    /// Every request is read and never answered (a half-open connection after a conntrack
+    /// flush, an overloaded server): the client must give up on its own.
+    Hang,
 }
 
 /// One request as received.
@@ -287,6 +290,9 @@ async fn handle(req: Request<Incoming>, state: Arc<Mutex<State>>) -> Response<Fu
     };
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
+    }
+    if mode == Mode::Hang {
+        std::future::pending::<()>().await;
     }
     if !authorized || mode == Mode::Unauthorized {
         return status(

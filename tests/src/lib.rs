@@ -135,6 +135,10 @@ pub fn unique_domain() -> u32 {
     0x1000 + (seed.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed) * 7919)) % 0xe000
 }
 
+/// The mark `gpu-agent inject` puts on its drill lines (the agent's `kmsg::INJECT_MARK`): a
+/// userspace line with it counts as a fault even with `[kmsg] accept_userspace = false`.
+pub const INJECT_MARK: &str = "(injected by gpu-agent)";
+
 /// Write one line into the real kernel log. A fresh open per line: the kernel rate-limits
 /// writes per open file (10 lines per 5 s) and silently drops the rest.
 pub fn inject(line: &str) {
@@ -234,6 +238,13 @@ impl Host {
             // A test that needs real processes (checkpoint targets) sets its own [procfs].
             procfs = if extra.contains("[procfs]") { String::new() } else { format!("[procfs]\nroot = {:?}\n\n", self.procfs()) },
         );
+        // Tests inject fault lines from userspace (as root, through /dev/kmsg): a test rig
+        // that replays lines, unless the test sets its own [kmsg].
+        let text = if extra.contains("[kmsg]") {
+            text
+        } else {
+            format!("{text}\n[kmsg]\naccept_userspace = true\n")
+        };
         let text = if extra.contains("[metrics]") {
             text
         } else {
@@ -467,6 +478,7 @@ pub fn fault<'a>(
 #[derive(Debug, Clone, Default)]
 pub struct NvmlScenario {
     extra: std::collections::BTreeMap<usize, String>,
+    top: String,
 }
 
 impl NvmlScenario {
@@ -483,9 +495,16 @@ impl NvmlScenario {
         self
     }
 
+    /// Add top-level TOML lines (e.g. `"count_fails = true"`).
+    pub fn top(mut self, toml: &str) -> Self {
+        self.top.push_str(toml);
+        self.top.push('\n');
+        self
+    }
+
     /// Write the scenario file for `host` (atomically, so the library never reads half).
     pub fn write(&self, host: &Host) {
-        let mut text = String::from("driver_version = \"570.133.20\"\n");
+        let mut text = format!("driver_version = \"570.133.20\"\n{}", self.top);
         for (i, bus) in GPU_BUSES.iter().enumerate() {
             text.push_str(&format!(
                 "\n[[gpu]]\npci = \"{:04x}:{bus:02x}:00.0\"\nuuid = \"GPU-{:08x}-{i}\"\nname = \"NVIDIA H100 80GB HBM3\"\nserial = \"16520230{i:05}\"\n{}",

@@ -334,3 +334,46 @@ fn tells_systemd_ready_status_and_watchdog() {
     assert!(agent.stop().success());
     recv_until(&mut messages, &|m| m.contains("STOPPING=1"));
 }
+
+/// Anything that can write to `/dev/kmsg` (a privileged pod, a stray logger) could forge an
+/// Xid 79 and get the node replaced: with `[kmsg] accept_userspace = false` (the default) a
+/// userspace fault line is ignored and counted, and a `gpu-agent inject` drill still counts.
+#[test]
+fn a_forged_userspace_line_is_ignored_and_a_drill_is_accepted() {
+    let host = Host::new();
+    let config = host.config("[kmsg]\naccept_userspace = false\n");
+    let agent = Agent::start(&config, &host.socket());
+    let before = agent.snapshot().expect("snapshot")["kmsg"]["records_ignored"]
+        .as_u64()
+        .unwrap_or(0);
+    inject(&format!(
+        "NVRM: Xid (PCI:{}): 79, pid=1, name=x, GPU has fallen off the bus.",
+        host.gpu_bdf(2)
+    ));
+    let s = agent.wait_for(Duration::from_secs(5), |s| {
+        s["kmsg"]["records_ignored"].as_u64().unwrap_or(0) > before
+    });
+    assert!(fault(&s, &host, "xid", Some(79)).is_none(), "forged: {s}");
+    let metrics = agent.status(false).1;
+    assert!(
+        metrics.contains("userspace fault lines ignored"),
+        "{metrics}"
+    );
+
+    let pci = format!("{}.0", host.gpu_bdf(2));
+    let (code, out, err) = cli(&[
+        "--config",
+        &config.to_string_lossy(),
+        "inject",
+        "xid",
+        "79",
+        "--pci",
+        &pci,
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let s = agent.wait_for(Duration::from_secs(5), |s| {
+        fault(s, &host, "xid", Some(79)).is_some()
+    });
+    assert_eq!(s["health"], "fatal");
+    assert!(agent.stop().success());
+}

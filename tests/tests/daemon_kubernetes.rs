@@ -395,3 +395,85 @@ fn a_fatal_fault_survives_restarts_and_an_operator_clears_it() {
     assert_eq!(code, 1, "nothing left to clear");
     assert!(agent.stop().success());
 }
+
+/// The kubeconfig's exec credential plugin (`aws eks get-token` on EKS) is a blocking
+/// process call: it runs off the runtime thread (the daemon answers while it runs), only
+/// while the one client is built (kube itself runs it up to three times then: auth layer,
+/// TLS identity, expiry), and that client is shared by the conditions sink and the
+/// checkpoint sink's cordon: no run after it exists.
+#[test]
+fn the_exec_credential_plugin_never_stalls_the_daemon_and_one_client_serves_both_sinks() {
+    use gpu_agent_e2e::imds::FakeImds;
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    let imds = FakeImds::start();
+    let runs = host.dir.path().join("plugin-runs");
+    let plugin = host.dir.path().join("get-token");
+    std::fs::write(
+        &plugin,
+        format!(
+            "#!/bin/sh\nsleep 2\necho run >> {runs:?}\n\
+             echo '{{\"apiVersion\":\"client.authentication.k8s.io/v1beta1\",\"kind\":\"ExecCredential\",\
+             \"status\":{{\"token\":\"{}\",\"expirationTimestamp\":\"2099-01-01T00:00:00Z\"}}}}'\n",
+            gpu_agent_e2e::kube_api::TOKEN
+        ),
+    )
+    .expect("plugin");
+    std::fs::set_permissions(&plugin, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let kubeconfig = host.dir.path().join("exec-kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: http://{}\n\
+             contexts:\n- name: test\n  context:\n    cluster: test\n    user: test\ncurrent-context: test\n\
+             users:\n- name: test\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1beta1\n\
+             \x20     command: {}\n      interactiveMode: Never\n",
+            api.addr,
+            plugin.display()
+        ),
+    )
+    .expect("kubeconfig");
+    let dev = host.dir.path().join("dev");
+    let config = host.config(&format!(
+        "node_name = \"{NODE}\"\n[kubernetes]\nkubeconfig = {kubeconfig:?}\n\
+         [imds]\nendpoint = {:?}\npoll_interval = \"200ms\"\n\
+         [checkpoint]\ndevice_glob = \"{}/nvidia[0-9]*\"\ncordon = true\n",
+        imds.endpoint(),
+        dev.display()
+    ));
+    let agent = Agent::start(&config, &host.socket());
+    // The daemon answers while the plugin is still running.
+    let (code, _) = agent.status(false);
+    assert!(code <= 1);
+    assert!(
+        !runs.exists(),
+        "status answered only after the exec plugin finished: it ran on the runtime thread"
+    );
+    wait(Duration::from_secs(20), "conditions written", || {
+        api.condition(NODE, HW).is_some()
+    });
+    let count = || {
+        std::fs::read_to_string(&runs)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let built = count();
+    assert!(built >= 1);
+    // A notice with cordon: the checkpoint sink uses the same client.
+    imds.set_spot(Some(
+        r#"{"action": "terminate", "time": "2099-01-01T00:00:00Z"}"#,
+    ));
+    wait(Duration::from_secs(10), "the node cordoned", || {
+        api.node(NODE)
+            .is_some_and(|n| n["spec"]["unschedulable"] == true)
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        count(),
+        built,
+        "the plugin ran again: a second client was built"
+    );
+    assert!(agent.stop().success());
+}

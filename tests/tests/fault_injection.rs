@@ -184,6 +184,46 @@ fn imds_slow_failing_malformed_and_expired_tokens_still_deliver_the_notice() {
     assert!(agent.stop().success());
 }
 
+/// A malformed rebalance body (one path) is reported, and never hides a valid Spot notice
+/// (another path); a failing path keeps its client: no new token per failed poll.
+#[test]
+fn a_bad_imds_body_on_one_path_never_hides_a_spot_notice() {
+    let host = Host::new();
+    let imds = FakeImds::start();
+    let gpu = gpu_device(host.dir.path(), "nvidia0");
+    let trainer = Trainer::start(host.dir.path(), "trainer", "usr1", Some(&gpu), &[]);
+    let dev = host.dir.path().join("dev");
+    let config = host.config(&format!(
+        // The Capacity Block source has its own IMDS session: off, to count this one's.
+        "[procfs]\nroot = \"/proc\"\n[ec2]\nenabled = false\n[imds]\nendpoint = {:?}\npoll_interval = \"100ms\"\n[checkpoint]\ndevice_glob = \"{}/nvidia[0-9]*\"\nopt_in_env = false\n",
+        imds.endpoint(),
+        dev.display()
+    ));
+    imds.set_rebalance(Some(r#"{"noticeTime": "#));
+    let agent = Agent::start(&config, &host.socket());
+    let s = agent.wait_for(Duration::from_secs(5), |s| {
+        source_state(s, "imds") == "failed"
+    });
+    assert!(
+        s.to_string().contains("rebalance"),
+        "the reason names the path: {s}"
+    );
+    let deadline = rfc3339(SystemTime::now() + Duration::from_secs(120));
+    imds.set_spot(Some(&format!(
+        r#"{{"action": "terminate", "time": "{deadline}"}}"#
+    )));
+    wait(Duration::from_secs(5), "the Spot signal", || {
+        trainer.signals() == ["SIGUSR1"]
+    });
+    agent.wait_for(Duration::from_secs(5), |s| {
+        s["pending_end"]["kind"] == "spot"
+    });
+    // Twenty polls of a failing path: one session token, not one per poll.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(imds.tokens_issued(), 1, "a new token PUT per failed poll");
+    assert!(agent.stop().success());
+}
+
 /// Every NVML call for one GPU fails: the others are still watched, the failing one is not
 /// reported as broken hardware, and once its calls work again it is watched too.
 #[test]
@@ -434,5 +474,46 @@ fn a_flood_of_status_clients_is_bounded_and_the_agent_keeps_working() {
     assert_eq!(s["health"], "fatal");
     let (code, _) = agent.status(false);
     assert_eq!(code, 1, "answers after the flood");
+    assert!(agent.stop().success());
+}
+
+/// `/metrics` may be bound beyond loopback: idle clients that never send a request hold at
+/// most the endpoint's connection limit, are closed after the header timeout, and a real
+/// scrape still gets through.
+#[test]
+fn idle_metrics_clients_are_bounded_and_timed_out() {
+    use std::io::Read;
+    let host = Host::new();
+    let port = gpu_agent_e2e::free_port();
+    let config = host.config(&format!(
+        "[metrics]\nlisten = \"127.0.0.1:{port}\"\n[kmsg]\nenabled = false\n"
+    ));
+    let agent = Agent::start(&config, &host.socket());
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", agent.pid()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let before = fds();
+    let mut idle: Vec<std::net::TcpStream> = (0..48)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let during = fds();
+    assert!(
+        during <= before + 16 + 2,
+        "idle clients hold {} descriptors (limit 16)",
+        during - before
+    );
+    // A scrape waits at most for the header timeout to free a slot.
+    let response = gpu_agent_e2e::http_get(port, "/metrics");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    // The idle clients the endpoint accepted were closed by it.
+    let mut closed = 0;
+    for s in &mut idle {
+        s.set_read_timeout(Some(Duration::from_millis(50))).ok();
+        closed += usize::from(matches!(s.read(&mut [0u8; 16]), Ok(0)));
+    }
+    assert!(closed >= 16, "only {closed} idle clients were closed");
     assert!(agent.stop().success());
 }

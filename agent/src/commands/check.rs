@@ -41,7 +41,9 @@ pub fn check(loaded: &Loaded, json: bool) -> anyhow::Result<u8> {
         match nvml::load(&config.nvml.library) {
             Ok(lib) => {
                 model.apply(Observation::Source(SourceKind::Nvml, SourceState::On));
-                model.apply(nvml::Poller::new(HostFacts::nvml_settings(config)).poll(&lib));
+                for observation in nvml::Poller::new(HostFacts::nvml_settings(config)).poll(&lib) {
+                    model.apply(observation);
+                }
             }
             Err(reason) => {
                 model.apply(Observation::Source(

@@ -10,12 +10,13 @@ use crate::cli::Inject;
 use crate::config::Loaded;
 use crate::host;
 use crate::model::PciAddress;
+use crate::sources::kmsg::INJECT_MARK;
 
 /// Format an Xid line the way the driver does.
 pub fn xid_line(pci: PciAddress, code: u32) -> String {
     let class = catalog::classify_xid(code, "", DriverBranch::Unknown);
     format!(
-        "<3>NVRM: Xid (PCI:{:04x}:{:02x}:{:02x}): {code}, pid={}, name=gpu-agent-inject, {} (injected by gpu-agent)",
+        "<3>NVRM: Xid (PCI:{:04x}:{:02x}:{:02x}): {code}, pid={}, name=gpu-agent-inject, {} {INJECT_MARK}",
         pci.domain, pci.bus, pci.device, std::process::id(), class.description
     )
 }
@@ -25,7 +26,7 @@ pub fn sxid_line(pci: PciAddress, code: u32) -> String {
     let entry = catalog::sxid_entry(code);
     let fatal = entry.is_some_and(|e| e.fatality != SxidFatality::NonFatal);
     format!(
-        "<3>nvidia-nvswitch0: SXid (PCI:{pci}): {code}, {}, Link 0 {} (injected by gpu-agent)",
+        "<3>nvidia-nvswitch0: SXid (PCI:{pci}): {code}, {}, Link 0 {} {INJECT_MARK}",
         if fatal { "Fatal" } else { "Non-fatal" },
         entry.map_or("unknown", |e| e.name)
     )

@@ -22,8 +22,8 @@ pub const EXIT_UNREACHABLE: u8 = 2;
 /// What `run` and `check` learn about the host before they start.
 #[derive(Debug)]
 pub struct HostFacts {
-    /// Node name.
-    pub node_name: String,
+    /// Node name as resolved at start (the Kubernetes sink resolves it again when needed).
+    pub node_name: crate::model::NodeName,
     /// Kernel boot id (`unknown` if unreadable).
     pub boot_id: String,
     /// NVIDIA devices on the PCI bus.
@@ -43,7 +43,11 @@ impl HostFacts {
             "unknown".to_string()
         });
         Self {
-            node_name: node_name(config),
+            node_name: host::node_name::resolve(
+                &config.node_name,
+                &config.procfs.root,
+                &config.kubernetes.kubelet_environment,
+            ),
             boot_id,
             devices,
         }
@@ -81,6 +85,8 @@ impl HostFacts {
             poll_interval: config.nvml.poll_interval.0,
             expected_gpus: config.nvml.expected_gpus,
             sysfs_root: config.sysfs.root.clone(),
+            procfs_root: config.procfs.root.clone(),
+            nvlink_boot_grace: config.nvml.nvlink_boot_grace.0,
         }
     }
 
@@ -91,62 +97,9 @@ impl HostFacts {
             resume_after: cursor,
             branch: host::driver_branch(&config.sysfs.root),
             boot_time: host::boot_time(&config.procfs.root),
+            accept_userspace: config.kmsg.accept_userspace,
         }
     }
-}
-
-/// This node's name: the config's, else the kubelet's `--hostname-override`, else the
-/// hostname.
-fn node_name(config: &Config) -> String {
-    if !config.node_name.is_empty() {
-        return config.node_name.clone();
-    }
-    if let Some(name) = kubelet_hostname_override(&config.procfs.root) {
-        return name;
-    }
-    std::fs::read_to_string(config.procfs.root.join("sys/kernel/hostname"))
-        .map(|h| h.trim().to_string())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".to_string())
-}
-
-/// The running kubelet's `--hostname-override`, from its command line in procfs.
-fn kubelet_hostname_override(procfs_root: &std::path::Path) -> Option<String> {
-    let entries = std::fs::read_dir(procfs_root).ok()?;
-    for entry in entries.flatten() {
-        if !entry
-            .file_name()
-            .to_string_lossy()
-            .bytes()
-            .all(|b| b.is_ascii_digit())
-        {
-            continue;
-        }
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let args: Vec<String> = cmdline
-            .split(|b| *b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        if !args
-            .first()
-            .is_some_and(|a| a.ends_with("/kubelet") || a == "kubelet")
-        {
-            continue;
-        }
-        let mut it = args.iter();
-        while let Some(arg) = it.next() {
-            if let Some(v) = arg.strip_prefix("--hostname-override=") {
-                return Some(v.to_string()).filter(|v| !v.is_empty());
-            }
-            if arg == "--hostname-override" {
-                return it.next().cloned().filter(|v| !v.is_empty());
-            }
-        }
-    }
-    None
 }
 
 /// Print a snapshot as JSON or the human table.
@@ -164,8 +117,8 @@ pub fn print_snapshot(snapshot: &crate::model::HealthSnapshot, json: bool) -> an
 }
 
 /// New kernel-log counters.
-pub fn counters() -> Arc<kmsg::Counters> {
-    Arc::new(kmsg::Counters::default())
+pub fn counters() -> Arc<crate::model::KmsgCounters> {
+    Arc::new(crate::model::KmsgCounters::default())
 }
 
 /// A tokio runtime for one command: current-thread, since the agent's work is I/O-bound and

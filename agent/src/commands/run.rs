@@ -39,6 +39,11 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
         |p| p.display().to_string(),
     );
     tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %source, "Starting gpu-agent.");
+    if let Some(why) =
+        crate::model::signal::parse(&config.checkpoint.signal).and_then(crate::model::signal::risky)
+    {
+        tracing::warn!(signal = %config.checkpoint.signal, "[checkpoint] signal: {why}.");
+    }
     let mut sigterm = signal(SignalKind::terminate()).context("cannot install SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot install SIGINT handler")?;
 
@@ -118,15 +123,31 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
     if config.kubernetes.enabled {
         tracing::info!(reason = NOT_BUILT_IN, "Kubernetes sink is off.");
     }
+    // One Kubernetes connection for both sinks, built on first use.
     #[cfg(feature = "clients")]
-    spawn_node_conditions(
-        &config,
-        &host,
-        &mut registry,
-        &snapshots,
-        &sink_tx,
-        &shutdown,
-    );
+    let kubernetes = config.kubernetes.enabled.then(|| {
+        crate::sinks::kubernetes::Link::new(
+            crate::sinks::kubernetes::Settings {
+                kubeconfig: config.kubernetes.kubeconfig.clone(),
+                node_name: config.node_name.clone(),
+                procfs_root: config.procfs.root.clone(),
+                kubelet_environment: config.kubernetes.kubelet_environment.clone(),
+                timeout: config.kubernetes.timeout.0,
+            },
+            sink_tx.clone(),
+        )
+    });
+    #[cfg(feature = "clients")]
+    if let Some(link) = &kubernetes {
+        spawn_node_conditions(
+            &config,
+            link,
+            &mut registry,
+            &snapshots,
+            &sink_tx,
+            &shutdown,
+        );
+    }
     if config.checkpoint.enabled {
         let c = &config.checkpoint;
         let settings = checkpoint::Settings {
@@ -141,8 +162,8 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
             ]
             .into(),
             state_file: config.state_dir.join("checkpoint.json"),
-            kubernetes: (cfg!(feature = "clients") && config.kubernetes.enabled)
-                .then(|| (config.kubernetes.kubeconfig.clone(), host.node_name.clone())),
+            #[cfg(feature = "clients")]
+            kubernetes: kubernetes.clone(),
             cordon: c.cordon,
         };
         let metrics = checkpoint::CheckpointMetrics::register(&mut registry);
@@ -209,18 +230,16 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
 #[cfg(feature = "clients")]
 fn spawn_node_conditions(
     config: &crate::config::Config,
-    host: &HostFacts,
+    link: &crate::sinks::kubernetes::Link,
     registry: &mut Registry,
     snapshots: &tokio::sync::watch::Receiver<std::sync::Arc<crate::model::HealthSnapshot>>,
     sink_tx: &mpsc::Sender<Observation>,
     shutdown: &crate::shutdown::Shutdown,
 ) {
     use crate::sinks::node_conditions;
-    if config.kubernetes.enabled {
+    {
         let k = &config.kubernetes;
         let settings = node_conditions::Settings {
-            kubeconfig: k.kubeconfig.clone(),
-            node: host.node_name.clone(),
             types: node_conditions::ConditionTypes {
                 hardware: k.hardware_condition.clone(),
                 interruption: k.interruption_condition.clone(),
@@ -232,6 +251,7 @@ fn spawn_node_conditions(
         let metrics = node_conditions::SinkMetrics::register(registry);
         tokio::spawn(node_conditions::run(
             settings,
+            link.clone(),
             metrics,
             snapshots.clone(),
             sink_tx.clone(),

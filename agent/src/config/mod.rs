@@ -295,6 +295,13 @@ pub struct KubernetesConfig {
     pub heartbeat_interval: HumanDuration,
     /// Record warning and fatal faults as Node Events.
     pub events: bool,
+    /// Time limit for every API call: connecting, each read and write, and the whole call. A
+    /// server that accepts and never answers shows as the sink `failed` after this.
+    pub timeout: HumanDuration,
+    /// nodeadm's kubelet environment file, whose `NODEADM_KUBELET_ARGS` carries the
+    /// kubelet's `--hostname-override` before the kubelet runs (a hint: the running kubelet's
+    /// command line wins).
+    pub kubelet_environment: PathBuf,
 }
 
 impl Default for KubernetesConfig {
@@ -307,6 +314,8 @@ impl Default for KubernetesConfig {
             debounce: HumanDuration(std::time::Duration::from_millis(100)),
             heartbeat_interval: HumanDuration(std::time::Duration::from_secs(60)),
             events: true,
+            timeout: HumanDuration(std::time::Duration::from_secs(10)),
+            kubelet_environment: PathBuf::from("/etc/eks/kubelet/environment"),
         }
     }
 }
@@ -324,6 +333,10 @@ pub struct NvmlConfig {
     /// GPUs this node should have; 0 derives it from the instance type (DMI product name)
     /// or, failing that, from the NVIDIA GPUs on the PCI bus.
     pub expected_gpus: u32,
+    /// From boot, how long NVLinks that have not come up yet are not judged: on HGX hosts
+    /// nvidia-fabricmanager trains them after the agent starts. A link that was up and goes
+    /// down is fatal at once, grace or not; one never up after the grace is a warning.
+    pub nvlink_boot_grace: HumanDuration,
 }
 
 impl Default for NvmlConfig {
@@ -333,6 +346,7 @@ impl Default for NvmlConfig {
             library: PathBuf::from("libnvidia-ml.so.1"),
             poll_interval: HumanDuration(std::time::Duration::from_secs(10)),
             expected_gpus: 0,
+            nvlink_boot_grace: HumanDuration(std::time::Duration::from_secs(600)),
         }
     }
 }
@@ -355,6 +369,11 @@ pub struct KmsgConfig {
     pub path: PathBuf,
     /// How often a repeating fault is summarised in the agent's own log.
     pub repeat_log_interval: HumanDuration,
+    /// Count fault lines written by userspace (any facility but the kernel's) as faults.
+    /// Off: only the kernel's own lines and `gpu-agent inject`'s marked drill lines count, so
+    /// nothing that can write to `/dev/kmsg` can forge an Xid; the rest are counted as
+    /// ignored. On: for test rigs that replay real lines through `/dev/kmsg`.
+    pub accept_userspace: bool,
 }
 
 /// `[sysfs]`: where sysfs is mounted.
@@ -419,6 +438,7 @@ impl Default for KmsgConfig {
             enabled: true,
             path: PathBuf::from("/dev/kmsg"),
             repeat_log_interval: HumanDuration(std::time::Duration::from_secs(60)),
+            accept_userspace: false,
         }
     }
 }
@@ -553,6 +573,14 @@ impl Config {
                 "must be at least 1s",
             ));
         }
+        if k.timeout.0 < std::time::Duration::from_millis(100)
+            || k.timeout.0 > std::time::Duration::from_secs(300)
+        {
+            return Err(invalid(
+                "kubernetes.timeout",
+                "must be between 100ms and 5m",
+            ));
+        }
         for (key, value) in [
             ("kubernetes.hardware_condition", &k.hardware_condition),
             (
@@ -576,14 +604,21 @@ impl Config {
                 "must be auto, nodeadm or kubelet-drop-in",
             ));
         }
-        if crate::sinks::checkpoint::parse_signal(&self.checkpoint.signal).is_none() {
-            return Err(invalid(
-                "checkpoint.signal",
-                &format!(
-                    "{:?} is not a catchable signal (e.g. SIGUSR1)",
-                    self.checkpoint.signal
-                ),
-            ));
+        match crate::model::signal::parse(&self.checkpoint.signal) {
+            None => {
+                return Err(invalid(
+                    "checkpoint.signal",
+                    &format!(
+                        "{:?} is not a catchable signal (e.g. SIGUSR1)",
+                        self.checkpoint.signal
+                    ),
+                ))
+            }
+            Some(signal) => {
+                if let Some(why) = crate::model::signal::refused(signal) {
+                    return Err(invalid("checkpoint.signal", why));
+                }
+            }
         }
         if let Err(e) = glob::Pattern::new(&self.checkpoint.device_glob) {
             return Err(invalid("checkpoint.device_glob", &e.to_string()));

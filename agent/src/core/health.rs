@@ -7,8 +7,8 @@ use super::persist::PersistedState;
 use crate::host::NvidiaDevices;
 use crate::model::{
     Action, Component, Fault, FaultCode, FaultReport, GpuIdentity, GpuStatus, Health,
-    HealthSnapshot, KmsgStats, Observation, PciAddress, Severity, SourceKind, SourceState,
-    SourceStatus,
+    HealthSnapshot, KmsgStats, NodeName, Observation, PciAddress, Severity, SourceKind,
+    SourceState, SourceStatus,
 };
 
 /// The most distinct faults kept; past this the least severe, oldest one is dropped, so a
@@ -27,7 +27,7 @@ struct Logged {
 /// The health model the core owns.
 #[derive(Debug)]
 pub struct HealthModel {
-    node_name: String,
+    node_name: NodeName,
     boot_id: String,
     devices: NvidiaDevices,
     faults: BTreeMap<Key, Fault>,
@@ -59,13 +59,13 @@ fn slot(pci: PciAddress) -> (u32, u8, u8) {
 impl HealthModel {
     /// An empty model for this boot.
     pub fn new(
-        node_name: &str,
+        node_name: &NodeName,
         boot_id: &str,
         devices: NvidiaDevices,
         repeat_log_interval: Duration,
     ) -> Self {
         Self {
-            node_name: node_name.to_string(),
+            node_name: node_name.clone(),
             boot_id: boot_id.to_string(),
             devices,
             faults: BTreeMap::new(),
@@ -226,6 +226,14 @@ impl HealthModel {
             Observation::Checkpoint(report) => {
                 let changed = self.checkpoints.get(&report.notice_id) != Some(&report);
                 self.checkpoints.insert(report.notice_id.clone(), report);
+                changed
+            }
+            Observation::NodeName(name) => {
+                let changed = self.node_name != name;
+                if changed {
+                    tracing::info!(node = %name.name, from = %name.source, "Node name resolved.");
+                }
+                self.node_name = name;
                 changed
             }
             Observation::Sink(status) => {
@@ -437,7 +445,8 @@ impl HealthModel {
             .collect();
         HealthSnapshot {
             version: env!("CARGO_PKG_VERSION").to_string(),
-            node_name: self.node_name.clone(),
+            node_name: self.node_name.name.clone(),
+            node_name_source: self.node_name.source,
             boot_id: self.boot_id.clone(),
             health,
             summary: {
@@ -553,7 +562,15 @@ fn summary(
 impl HealthModel {
     /// An empty model with no GPUs (tests).
     pub fn for_test() -> Self {
-        Self::new("n", "b", NvidiaDevices::default(), Duration::from_secs(60))
+        Self::new(
+            &NodeName {
+                name: "n".into(),
+                source: crate::model::NameSource::Config,
+            },
+            "b",
+            NvidiaDevices::default(),
+            Duration::from_secs(60),
+        )
     }
 
     /// Merge a kernel-log fault line seen at `at` (tests).
@@ -593,7 +610,14 @@ mod tests {
             gpus,
             ..NvidiaDevices::default()
         };
-        HealthModel::new("node-a", "boot-1", devices, Duration::from_secs(60))
+        HealthModel::new(&node_a(), "boot-1", devices, Duration::from_secs(60))
+    }
+
+    fn node_a() -> NodeName {
+        NodeName {
+            name: "node-a".into(),
+            source: crate::model::NameSource::Config,
+        }
     }
 
     fn xid(address: &str, code: u32, seq: u64) -> Observation {
@@ -673,7 +697,7 @@ mod tests {
         assert_eq!(same.snapshot(KmsgStats::default()).faults.len(), 2);
 
         let mut rebooted = HealthModel::new(
-            "node-a",
+            &node_a(),
             "boot-2",
             NvidiaDevices::default(),
             Duration::from_secs(60),
@@ -704,7 +728,7 @@ mod tests {
 
     fn on_boot(boot: &str, state: Option<PersistedState>) -> HealthModel {
         let mut m = HealthModel::new(
-            "node-a",
+            &node_a(),
             boot,
             NvidiaDevices::default(),
             Duration::from_secs(60),

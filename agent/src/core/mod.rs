@@ -17,9 +17,8 @@ use tokio::task::JoinHandle;
 pub use health::{HealthModel, MAX_FAULTS};
 pub use persist::{PersistError, PersistedState, StateStore};
 
-use crate::model::{HealthSnapshot, Observation};
+use crate::model::{HealthSnapshot, KmsgCounters, Observation};
 use crate::shutdown::Shutdown;
-use crate::sources::kmsg::Counters;
 
 /// How often dirty state is written and kernel-log counters are republished.
 const TICK: Duration = Duration::from_secs(1);
@@ -63,7 +62,7 @@ impl CoreHandle {
 pub struct Core {
     model: HealthModel,
     store: Option<StateStore>,
-    counters: Arc<Counters>,
+    counters: Arc<KmsgCounters>,
     snapshots: watch::Sender<Arc<HealthSnapshot>>,
     requests: mpsc::Receiver<Request>,
     last_persist_error: Option<String>,
@@ -75,7 +74,7 @@ impl Core {
     pub fn new(
         model: HealthModel,
         store: Option<StateStore>,
-        counters: Arc<Counters>,
+        counters: Arc<KmsgCounters>,
     ) -> (Self, CoreHandle, watch::Receiver<Arc<HealthSnapshot>>) {
         let (snapshots, snapshot_rx) = watch::channel(Arc::new(model.snapshot(counters.stats())));
         let (request_tx, requests) = mpsc::channel(16);

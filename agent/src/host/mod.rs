@@ -2,6 +2,7 @@
 
 mod boot;
 mod dmi;
+pub mod node_name;
 mod pci;
 
 pub use boot::{boot_id, boot_time, driver_branch};

@@ -97,8 +97,11 @@ pub enum FaultCode {
     RemapPending,
     /// A row remap failed: the GPU needs replacing.
     RemapFailure,
-    /// An NVLink link that should be up is down.
+    /// An NVLink link that was up in this boot is down.
     NvlinkDown,
+    /// An NVLink link has not come up in this boot, past the boot grace period (Fabric
+    /// Manager did not train it, or NVLink is disabled on this host).
+    NvlinkInactive,
     /// NVLink error counters are rising.
     NvlinkErrors,
     /// The PCIe link trained narrower than the GPU's maximum.
@@ -135,6 +138,7 @@ impl FaultCode {
             Self::RemapPending => "remap-pending",
             Self::RemapFailure => "remap-failure",
             Self::NvlinkDown => "nvlink-down",
+            Self::NvlinkInactive => "nvlink-inactive",
             Self::NvlinkErrors => "nvlink-errors",
             Self::PcieDegraded => "pcie-degraded",
             Self::ClockSlowdown => "clock-slowdown",

@@ -4,21 +4,24 @@
 //! into these types, the core merges them, sinks render them.
 
 mod fault;
+mod node_name;
 mod notice;
 mod pci;
 mod reason;
+pub mod signal;
 mod snapshot;
 pub mod time;
 
 pub use fault::{
     Action, Classification, Component, Fault, FaultCode, FaultReport, Severity, SourceKind,
 };
+pub use node_name::{NameSource, NodeName};
 pub use notice::{CheckpointReport, Notice, NoticeKind};
 pub use pci::{PciAddress, PciAddressError};
 pub use reason::reason;
 pub use snapshot::{
-    GpuIdentity, GpuStatus, GpuTelemetry, Health, HealthSnapshot, KmsgStats, PendingEnd,
-    SinkStatus, SourceState, SourceStatus,
+    GpuIdentity, GpuStatus, GpuTelemetry, Health, HealthSnapshot, KmsgCounters, KmsgStats,
+    PendingEnd, SinkStatus, SourceState, SourceStatus,
 };
 
 /// What a source tells the core.
@@ -39,6 +42,8 @@ pub enum Observation {
     Checkpoint(CheckpointReport),
     /// A sink changed state (connected, off, failing); shown by `status`.
     Sink(SinkStatus),
+    /// The Kubernetes sink resolved this node's name (shown by `status`).
+    NodeName(NodeName),
     /// A polling source's complete view: these faults are all it sees now (faults it
     /// reported before and not now have cleared), and these GPUs are what it enumerated.
     Poll {

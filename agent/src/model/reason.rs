@@ -25,6 +25,7 @@ pub fn reason(code: FaultCode, severity: Severity) -> String {
         FaultCode::RemapPending => "NvidiaRowRemapPending".into(),
         FaultCode::RemapFailure => "NvidiaRowRemapFailure".into(),
         FaultCode::NvlinkDown => "NvidiaNVLinkError".into(),
+        FaultCode::NvlinkInactive => "NvidiaNVLinkInactive".into(),
         FaultCode::NvlinkErrors => "NvidiaNVLinkErrorRate".into(),
         FaultCode::PcieDegraded => "NvidiaPCIeError".into(),
         FaultCode::ClockSlowdown => "NvidiaClockSlowdown".into(),

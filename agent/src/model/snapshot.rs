@@ -160,6 +160,43 @@ pub struct KmsgStats {
     pub records_lost: u64,
     /// Records that matched a GPU or NVSwitch fault pattern.
     pub records_matched: u64,
+    /// Records skipped because their header could not be parsed.
+    #[serde(default)]
+    pub records_unparsed: u64,
+    /// Fault lines written by userspace (not the kernel, not a `gpu-agent inject` drill),
+    /// ignored unless `[kmsg] accept_userspace`.
+    #[serde(default)]
+    pub records_ignored: u64,
+}
+
+/// Kernel-log reading statistics as the reader counts them (shared between the kernel-log
+/// thread and the core, which puts them into snapshots).
+#[derive(Debug, Default)]
+pub struct KmsgCounters {
+    /// Records read.
+    pub read: std::sync::atomic::AtomicU64,
+    /// Records lost to overruns or while the agent was stopped.
+    pub lost: std::sync::atomic::AtomicU64,
+    /// Records that matched a fault pattern.
+    pub matched: std::sync::atomic::AtomicU64,
+    /// Records whose header could not be parsed.
+    pub unparsed: std::sync::atomic::AtomicU64,
+    /// Userspace fault lines ignored.
+    pub ignored: std::sync::atomic::AtomicU64,
+}
+
+impl KmsgCounters {
+    /// The counts so far.
+    pub fn stats(&self) -> KmsgStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        KmsgStats {
+            records_read: self.read.load(Relaxed),
+            records_lost: self.lost.load(Relaxed),
+            records_matched: self.matched.load(Relaxed),
+            records_unparsed: self.unparsed.load(Relaxed),
+            records_ignored: self.ignored.load(Relaxed),
+        }
+    }
 }
 
 /// Everything `status` shows; published by the core after every change.
@@ -169,6 +206,8 @@ pub struct HealthSnapshot {
     pub version: String,
     /// This node's name.
     pub node_name: String,
+    /// Where the node name came from.
+    pub node_name_source: super::NameSource,
     /// The kernel's boot id.
     pub boot_id: String,
     /// Overall health.

@@ -4,6 +4,8 @@
 //! [`HealthSnapshot`]: crate::model::HealthSnapshot
 
 pub mod checkpoint;
+#[cfg(feature = "clients")]
+pub mod kubernetes;
 pub mod metrics;
 #[cfg(feature = "clients")]
 pub mod node_conditions;

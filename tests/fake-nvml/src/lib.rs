@@ -114,6 +114,7 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn_t {
     match scenario::refreshed() {
+        Some(s) if s.count_fails => UNKNOWN,
         Some(s) => put(count, s.visible().count() as c_uint),
         None => UNINITIALIZED,
     }

@@ -17,6 +17,10 @@ pub struct Scenario {
     /// The GPUs, in NVML index order.
     #[serde(default, rename = "gpu")]
     pub gpus: Vec<Gpu>,
+    /// While true, `nvmlDeviceGetCount` fails with `NVML_ERROR_UNKNOWN` (the driver could not
+    /// enumerate: a call that fails once on a busy or recovering driver).
+    #[serde(default)]
+    pub count_fails: bool,
 }
 
 fn driver_version() -> String {

@@ -8,7 +8,6 @@
 //! signal the same notice again; a changed or new notice signals again.
 
 mod send;
-mod signals;
 mod targets;
 
 use std::collections::HashMap;
@@ -24,8 +23,8 @@ use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
+pub use crate::model::signal::{name as signal_name, parse as parse_signal};
 pub use send::{send, SendError};
-pub use signals::{name as signal_name, parse as parse_signal};
 pub use targets::{scan, Candidate, Selection, OPT_IN_VAR};
 
 use crate::model::{CheckpointReport, HealthSnapshot, Notice, NoticeKind, Observation, Severity};
@@ -45,8 +44,9 @@ pub struct Settings {
     pub lead: HashMap<NoticeKind, Duration>,
     /// `<state_dir>/checkpoint.json`.
     pub state_file: PathBuf,
-    /// Where to post pod Events (and cordon): kubeconfig and node name; `None`: standalone.
-    pub kubernetes: Option<(PathBuf, String)>,
+    /// Where to post pod Events (and cordon); `None`: standalone.
+    #[cfg(feature = "clients")]
+    pub kubernetes: Option<super::kubernetes::Link>,
     /// Cordon the node on a notice (for clusters without a termination handler).
     pub cordon: bool,
 }
@@ -107,7 +107,7 @@ impl CheckpointMetrics {
     }
 }
 
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct Remembered {
     signalled: Vec<String>,
 }
@@ -277,10 +277,6 @@ pub async fn run(
                     .await
                     .unwrap_or_default();
             let signalled = u32::try_from(targets.len()).unwrap_or(u32::MAX);
-            #[cfg(feature = "clients")]
-            if let Some((kubeconfig, node)) = &settings.kubernetes {
-                tell_kubernetes(kubeconfig, node, notice, &targets, settings.cordon).await;
-            }
             // Latency from when it was due: at once, or at deadline - lead.
             let due_since = if at_once {
                 seen.elapsed()
@@ -289,11 +285,14 @@ pub async fn run(
             };
             metrics.latency.observe(due_since.as_secs_f64());
             tracing::warn!(kind = %notice.kind, id = %notice.id, signalled, skipped, "Checkpoint signal sent for notice.");
+            // Remember it right after signalling (fsync on the blocking pool, not the
+            // runtime thread), then report; nothing here waits on Kubernetes.
             remembered.signalled.push(notice.id.clone());
             if remembered.signalled.len() > REMEMBERED {
                 remembered.signalled.remove(0);
             }
-            save(&settings.state_file, &remembered);
+            let (path, record) = (settings.state_file.clone(), remembered.clone());
+            let _ = tokio::task::spawn_blocking(move || save(&path, &record)).await;
             let _ = reports
                 .send(Observation::Checkpoint(CheckpointReport {
                     notice_id: notice.id.clone(),
@@ -301,6 +300,18 @@ pub async fn run(
                     skipped,
                 }))
                 .await;
+            // Pod Events and cordon in the background, bounded: a hung API server never
+            // delays the next notice's signal.
+            #[cfg(feature = "clients")]
+            if let Some(link) = &settings.kubernetes {
+                let limit = link.timeout() * KUBERNETES_CALLS;
+                let work = tell_kubernetes(link.clone(), notice.clone(), targets, settings.cordon);
+                tokio::spawn(async move {
+                    if tokio::time::timeout(limit, work).await.is_err() {
+                        tracing::warn!(?limit, "Checkpoint pod Events/cordon gave up: the API server did not answer in time.");
+                    }
+                });
+            }
         }
         let sleep = next.unwrap_or(Duration::from_secs(3600));
         tokio::select! {
@@ -311,27 +322,33 @@ pub async fn run(
     }
 }
 
+/// At most this many calls' time limits for one notice's pod Events and cordon together.
+#[cfg(feature = "clients")]
+const KUBERNETES_CALLS: u32 = 6;
+
 /// Post an Event on each signalled target's pod, and cordon when asked. Best effort: the
 /// signal already went out; a failure here is logged.
 #[cfg(feature = "clients")]
 async fn tell_kubernetes(
-    kubeconfig: &std::path::Path,
-    node: &str,
-    notice: &Notice,
-    targets: &[Candidate],
+    link: super::kubernetes::Link,
+    notice: Notice,
+    targets: Vec<Candidate>,
     cordon: bool,
 ) {
+    let notice = &notice;
     let in_pods: Vec<&Candidate> = targets.iter().filter(|c| c.pod_uid.is_some()).collect();
     if in_pods.is_empty() && !cordon {
         return;
     }
-    let api = match crate::sinks::node_conditions::connect(kubeconfig).await {
-        Ok(client) => crate::sinks::node_conditions::NodeApi::new(client, node),
+    let api = match link.api().await {
+        Ok(api) => api,
         Err(e) => {
             tracing::info!(error = %e, "No pod Events or cordon: Kubernetes not reachable.");
             return;
         }
     };
+    let node = api.node().to_string();
+    let node = node.as_str();
     if cordon {
         match api.cordon().await {
             Ok(()) => {

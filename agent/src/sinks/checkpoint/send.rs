@@ -1,10 +1,15 @@
-//! Sending a signal through a pidfd, so a recycled PID is never hit.
+//! Sending a signal through a pidfd, so a recycled PID is never hit. The pidfd is the
+//! process's directory in the configured procfs (`pidfd_send_signal` takes a `/proc/<pid>`
+//! descriptor): the process checked (start time, handler) is the process signalled, also
+//! when `[procfs] root` is not the agent's own `/proc` (a host's procfs seen from a pod).
 
 use std::path::Path;
 
-use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
+use rustix::fs::{Mode, OFlags};
+use rustix::process::{pidfd_send_signal, Signal};
 
-use super::{signals, targets};
+use super::targets;
+use crate::model::signal as signals;
 
 /// Why a signal was not sent.
 #[derive(Debug, thiserror::Error)]
@@ -32,9 +37,13 @@ pub enum SendError {
 /// then checked to be the one scanned (same start time) and still catching the signal
 /// before anything is sent.
 pub fn send(procfs: &Path, pid: i32, start_time: u64, signal: Signal) -> Result<(), SendError> {
-    let raw = Pid::from_raw(pid).ok_or(SendError::Gone(pid))?;
-    let fd = pidfd_open(raw, PidfdFlags::empty()).map_err(|e| match e {
-        rustix::io::Errno::SRCH => SendError::Gone(pid),
+    let fd = rustix::fs::open(
+        procfs.join(pid.to_string()),
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        rustix::io::Errno::NOENT | rustix::io::Errno::SRCH => SendError::Gone(pid),
         e => SendError::Os {
             pid,
             source: e.into(),

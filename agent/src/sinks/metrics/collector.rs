@@ -280,7 +280,7 @@ impl Collector for SnapshotCollector {
         counter(
             &mut encoder,
             "gpu_agent_kmsg_records_lost",
-            "Kernel log records overwritten before they were read.",
+            "Kernel log records overwritten before they were read (overruns, or while the agent was stopped).",
             s.kmsg.records_lost,
         )?;
         counter(
@@ -288,6 +288,18 @@ impl Collector for SnapshotCollector {
             "gpu_agent_kmsg_records_matched",
             "Kernel log records that were GPU or NVSwitch faults.",
             s.kmsg.records_matched,
+        )?;
+        counter(
+            &mut encoder,
+            "gpu_agent_kmsg_records_unparsed",
+            "Kernel log records skipped because their header could not be parsed.",
+            s.kmsg.records_unparsed,
+        )?;
+        counter(
+            &mut encoder,
+            "gpu_agent_kmsg_records_ignored",
+            "Fault lines written by userspace (not the kernel, not a gpu-agent inject drill), ignored.",
+            s.kmsg.records_ignored,
         )?;
         telemetry(&mut encoder, &s)
     }
@@ -315,6 +327,8 @@ mod tests {
             records_read: 10,
             records_lost: 2,
             records_matched: 1,
+            records_unparsed: 3,
+            records_ignored: 4,
         };
         let (_tx, rx) = watch::channel(Arc::new(model.snapshot(stats)));
         let mut registry = Registry::default();
@@ -323,7 +337,9 @@ mod tests {
         assert!(text.contains("gpu_agent_node_health 2"), "{text}");
         assert!(text.contains(r#"gpu_agent_fault_active{gpu="0000:3b:00.0",component="gpu",code="xid-79",severity="fatal",action="reboot"} 1"#), "{text}");
         assert!(
-            text.contains("gpu_agent_kmsg_records_lost_total 2"),
+            text.contains("gpu_agent_kmsg_records_lost_total 2")
+                && text.contains("gpu_agent_kmsg_records_unparsed_total 3")
+                && text.contains("gpu_agent_kmsg_records_ignored_total 4"),
             "{text}"
         );
         assert!(

@@ -1,17 +1,30 @@
-//! The `/metrics` HTTP endpoint (hyper, HTTP/1.1).
+//! The `/metrics` HTTP endpoint (hyper, HTTP/1.1), bounded like the status socket: at most
+//! [`MAX_CONNECTIONS`] at once (further clients wait in the listen backlog), each must send
+//! its request headers within [`HEADER_TIMEOUT`] and is closed after [`CONNECTION_TIMEOUT`],
+//! so idle or slow clients on a non-loopback address cannot pile up memory or descriptors.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
 use crate::shutdown::Shutdown;
+
+/// Connections served at once; more wait in the listen backlog until one ends.
+pub const MAX_CONNECTIONS: usize = 16;
+/// A client must send a request's headers within this.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// A connection is closed after this, whatever it is doing (a scrape takes milliseconds;
+/// Prometheus reconnects for the next one).
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -42,7 +55,16 @@ pub async fn serve(
 }
 
 async fn accept_loop(listener: TcpListener, registry: Arc<Registry>, mut shutdown: Shutdown) {
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
+        // Wait for a free slot before accepting: excess clients queue in the backlog.
+        let permit = tokio::select! {
+            permit = Arc::clone(&permits).acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => return,
+            },
+            () = shutdown.wait() => return,
+        };
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
@@ -59,9 +81,12 @@ async fn accept_loop(listener: TcpListener, registry: Arc<Registry>, mut shutdow
                 let registry = Arc::clone(&registry);
                 async move { Ok::<_, Infallible>(respond(&req, &registry)) }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, connection).await;
+            drop(permit);
         });
     }
 }

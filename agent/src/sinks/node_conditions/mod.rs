@@ -3,26 +3,27 @@
 //! contract, and records every warning and fatal fault as a Node Event.
 //!
 //! Changes are debounced (a burst becomes one PATCH) and reach the API server within the
-//! debounce; a heartbeat refreshes `lastHeartbeatTime`. When the API server is down or slow
-//! the desired state is kept (only the latest matters, so memory is bounded) and retried with
-//! backoff until it converges. No kubeconfig and not in a pod: standalone, reported once.
+//! debounce; a heartbeat refreshes `lastHeartbeatTime`. When the API server is down, slow or
+//! hung (every call is time-limited by the shared [`Link`]) the desired state is kept (only
+//! the latest matters, so memory is bounded) and retried with backoff until it converges,
+//! and the sink shows as `failed` with the reason. No kubeconfig and not in a pod: `off`,
+//! and the kubeconfig is looked for again (nodeadm writes it after the agent starts). A 403
+//! or 404 makes the link resolve the node name again; a new name starts afresh.
 
-mod client;
 mod conditions;
 mod events;
 mod metrics;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::{mpsc, watch};
 
-pub use client::{connect, ApiError, NodeApi};
 pub use conditions::{desired, ConditionTypes, Desired};
 pub use metrics::SinkMetrics;
 
+use super::kubernetes::{ApiError, Link, NodeApi};
 use crate::model::{HealthSnapshot, Observation, SinkStatus, SourceState};
 use crate::shutdown::Shutdown;
 
@@ -33,10 +34,6 @@ const MIN_BACKOFF: Duration = Duration::from_millis(200);
 /// What the sink needs.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// Kubeconfig path (the kubelet's by default).
-    pub kubeconfig: PathBuf,
-    /// This node's name.
-    pub node: String,
     /// Condition type names.
     pub types: ConditionTypes,
     /// How long a burst of changes is gathered before one PATCH.
@@ -55,7 +52,9 @@ struct Known {
 }
 
 struct Writer {
-    api: NodeApi,
+    link: Link,
+    /// The calls for the node written to; `None` before the first connection.
+    api: Option<NodeApi>,
     settings: Settings,
     metrics: SinkMetrics,
     node_uid: Option<String>,
@@ -65,8 +64,8 @@ struct Writer {
 
 impl Writer {
     /// Learn what the server holds for our conditions (their transition times).
-    async fn refresh(&mut self) -> Result<(), ApiError> {
-        let (uid, conditions) = self.api.get().await?;
+    async fn refresh(&mut self, api: &NodeApi) -> Result<(), ApiError> {
+        let (uid, conditions) = api.get().await?;
         self.node_uid = Some(uid);
         self.known.clear();
         for c in conditions {
@@ -102,8 +101,17 @@ impl Writer {
 
     /// Bring the server in line with `snapshot`. `heartbeat` forces a PATCH.
     async fn sync(&mut self, snapshot: &HealthSnapshot, heartbeat: bool) -> Result<(), ApiError> {
+        let api = self.link.api().await?;
+        if self.api.as_ref().map(NodeApi::node) != Some(api.node()) {
+            // First connection, or the node name was resolved anew: nothing is known of it.
+            tracing::info!(node = %api.node(), "Writing node conditions.");
+            self.node_uid = None;
+            self.known.clear();
+            self.posted = events::Posted::default();
+        }
+        self.api = Some(api.clone());
         if self.node_uid.is_none() {
-            self.refresh().await?;
+            self.refresh(&api).await?;
         }
         let now = SystemTime::now();
         let want = desired(snapshot, &self.settings.types);
@@ -122,10 +130,7 @@ impl Writer {
                 })
                 .collect();
             let started = Instant::now();
-            let result = self
-                .api
-                .patch_status(&conditions::patch(&with_times, now))
-                .await;
+            let result = api.patch_status(&conditions::patch(&with_times, now)).await;
             self.metrics
                 .patch_seconds
                 .observe(started.elapsed().as_secs_f64());
@@ -158,31 +163,33 @@ impl Writer {
             }
         }
         if self.settings.events {
-            self.write_events(snapshot).await?;
+            self.write_events(&api, snapshot).await?;
         }
         Ok(())
     }
 
-    async fn write_events(&mut self, snapshot: &HealthSnapshot) -> Result<(), ApiError> {
-        let node = self.api.node().to_string();
+    async fn write_events(
+        &mut self,
+        api: &NodeApi,
+        snapshot: &HealthSnapshot,
+    ) -> Result<(), ApiError> {
+        let node = api.node().to_string();
         let uid = self.node_uid.clone().unwrap_or_default();
         let now = Instant::now();
         self.posted.retain(&node, &snapshot.faults);
         for write in self.posted.pending(&node, &uid, &snapshot.faults, now) {
             let result = match &write {
                 events::EventWrite::Create { body, name, count } => {
-                    match self.api.create_event(body).await {
+                    match api.create_event(body).await {
                         // Already there (a restarted agent): update it instead.
                         Err(e) if e.code() == Some(409) => {
                             let patch = serde_json::json!({ "count": count, "lastTimestamp": body["lastTimestamp"], "message": body["message"] });
-                            self.api.patch_event(name, &patch).await
+                            api.patch_event(name, &patch).await
                         }
                         other => other,
                     }
                 }
-                events::EventWrite::Update { name, body, .. } => {
-                    self.api.patch_event(name, body).await
-                }
+                events::EventWrite::Update { name, body, .. } => api.patch_event(name, body).await,
             };
             result?;
             let count = match &write {
@@ -198,6 +205,7 @@ impl Writer {
 /// Run until shutdown. `status` carries the sink's state to the core (shown by `status`).
 pub async fn run(
     settings: Settings,
+    link: Link,
     metrics: SinkMetrics,
     mut snapshots: watch::Receiver<Arc<HealthSnapshot>>,
     status: mpsc::Sender<Observation>,
@@ -214,17 +222,9 @@ pub async fn run(
                 .await;
         }
     };
-    let client = match connect(&settings.kubeconfig).await {
-        Ok(client) => client,
-        Err(e) => {
-            tracing::info!(reason = %e, "Kubernetes sink is off.");
-            report(SourceState::Off(e.to_string())).await;
-            return;
-        }
-    };
-    tracing::info!(node = %settings.node, "Writing node conditions.");
     let mut writer = Writer {
-        api: NodeApi::new(client, &settings.node),
+        link,
+        api: None,
         settings: settings.clone(),
         metrics,
         node_uid: None,
@@ -280,10 +280,16 @@ pub async fn run(
                         code,
                     })
                     .inc();
+                writer.link.after_error(&e);
                 let message = e.to_string();
                 if last_error.as_deref() != Some(&message) {
-                    tracing::warn!(error = %message, retry_in = ?backoff, "Cannot update the node; keeping the desired state and retrying.");
-                    report(SourceState::Failed(message.clone())).await;
+                    if matches!(e, ApiError::NotConfigured { .. }) {
+                        tracing::info!(reason = %message, "Kubernetes sink is off; looking for the kubeconfig again from time to time.");
+                        report(SourceState::Off(message.clone())).await;
+                    } else {
+                        tracing::warn!(error = %message, retry_in = ?backoff, "Cannot update the node; keeping the desired state and retrying.");
+                        report(SourceState::Failed(message.clone())).await;
+                    }
                     last_error = Some(message);
                 }
                 due = Some(now + backoff);

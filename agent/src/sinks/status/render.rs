@@ -14,8 +14,8 @@ pub fn render(s: &HealthSnapshot) -> String {
     };
     let _ = writeln!(
         out,
-        "gpu-agent {} on {} (boot {})",
-        s.version, s.node_name, s.boot_id
+        "gpu-agent {} on {} (node name from {}; boot {})",
+        s.version, s.node_name, s.node_name_source, s.boot_id
     );
     let _ = writeln!(out, "Health: {health}: {}", s.summary);
     if let Some(end) = &s.pending_end {
@@ -105,8 +105,8 @@ pub fn render(s: &HealthSnapshot) -> String {
     let k = &s.kmsg;
     let _ = writeln!(
         out,
-        "kernel log: {} records read, {} lost, {} matched",
-        k.records_read, k.records_lost, k.records_matched
+        "kernel log: {} records read, {} lost, {} matched, {} unparsed, {} userspace fault lines ignored",
+        k.records_read, k.records_lost, k.records_matched, k.records_unparsed, k.records_ignored
     );
     out
 }

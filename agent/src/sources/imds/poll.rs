@@ -39,28 +39,59 @@ pub fn client(endpoint: Option<&str>) -> Result<aws_config::imds::Client, String
     Ok(builder.build())
 }
 
+/// Why one notice path could not be read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PathError {
+    /// What failed, naming the path.
+    pub reason: String,
+    /// IMDS answered 401: the session token was invalidated (a new client fetches a new one).
+    pub unauthorized: bool,
+}
+
 /// GET a metadata path; `Ok(None)` for 404 (no notice).
-async fn get(client: &aws_config::imds::Client, path: &str) -> Result<Option<String>, String> {
+async fn get(client: &aws_config::imds::Client, path: &str) -> Result<Option<String>, PathError> {
     match client.get(format!("/latest/meta-data/{path}")).await {
         Ok(body) => Ok(Some(body.as_ref().to_string())),
         Err(ImdsError::ErrorResponse(e)) if e.response().status().as_u16() == 404 => Ok(None),
-        Err(e) => Err(format!("GET {path}: {e}")),
+        Err(e) => Err(PathError {
+            unauthorized: matches!(&e, ImdsError::ErrorResponse(r) if r.response().status().as_u16() == 401),
+            reason: format!("GET {path}: {e}"),
+        }),
     }
 }
 
-/// One poll: every current notice, or why the poll failed.
-pub async fn poll(client: &aws_config::imds::Client) -> Result<Vec<Notice>, String> {
-    let mut out = Vec::new();
-    if let Some(body) = get(client, "spot/instance-action").await? {
-        out.push(notices::spot(&body).map_err(|e| e.to_string())?);
+/// The notice paths, polled and parsed each on its own: a malformed rebalance or
+/// scheduled-events body never hides a Spot notice.
+pub const PATHS: [&str; 3] = [
+    "spot/instance-action",
+    "events/recommendations/rebalance",
+    "events/maintenance/scheduled",
+];
+
+/// One poll: for each of [`PATHS`], its current notices or why it could not be read.
+pub async fn poll(client: &aws_config::imds::Client) -> [Result<Vec<Notice>, PathError>; 3] {
+    let parsed = |path: &str, body: Option<String>| -> Result<Vec<Notice>, PathError> {
+        let Some(body) = body else {
+            return Ok(Vec::new());
+        };
+        let result = match path {
+            "spot/instance-action" => notices::spot(&body).map(|n| vec![n]),
+            "events/recommendations/rebalance" => notices::rebalance(&body).map(|n| vec![n]),
+            _ => notices::scheduled(&body),
+        };
+        result.map_err(|e| PathError {
+            reason: format!("{path}: {e}"),
+            unauthorized: false,
+        })
+    };
+    let mut out = [Ok(Vec::new()), Ok(Vec::new()), Ok(Vec::new())];
+    for (slot, path) in out.iter_mut().zip(PATHS) {
+        *slot = match get(client, path).await {
+            Ok(body) => parsed(path, body),
+            Err(e) => Err(e),
+        };
     }
-    if let Some(body) = get(client, "events/recommendations/rebalance").await? {
-        out.push(notices::rebalance(&body).map_err(|e| e.to_string())?);
-    }
-    if let Some(body) = get(client, "events/maintenance/scheduled").await? {
-        out.extend(notices::scheduled(&body).map_err(|e| e.to_string())?);
-    }
-    Ok(out)
+    out
 }
 
 /// Run until shutdown.
@@ -102,44 +133,58 @@ pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_error: Option<String> = None;
     let mut last: Option<Vec<Notice>> = None;
+    // Each path's notices as last read; a path that fails keeps what it had (an unreachable
+    // IMDS is no all-clear).
+    let mut known: [Vec<Notice>; 3] = Default::default();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             () = shutdown.wait() => return,
         }
-        match poll(&client).await {
-            Ok(notices) => {
-                if last_error.take().is_some() {
-                    tracing::info!("IMDS answers again.");
-                    let _ = tx.send(state(SourceState::On)).await;
-                }
-                if last.as_ref() != Some(&notices) {
-                    last = Some(notices.clone());
-                    if tx
-                        .send(Observation::Notices {
-                            source: SourceKind::Imds,
-                            notices,
-                        })
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
+        let mut errors = Vec::new();
+        let mut reauth = false;
+        for (slot, result) in known.iter_mut().zip(poll(&client).await) {
+            match result {
+                Ok(notices) => *slot = notices,
+                Err(e) => {
+                    reauth |= e.unauthorized;
+                    errors.push(e.reason);
                 }
             }
-            Err(reason) => {
-                // aws-config's client keeps its cached session token until the token's TTL
-                // runs out, even when IMDS answers 401 (the token was invalidated early):
-                // a fresh client fetches a new token on the next poll.
-                if let Ok(fresh) = self::client(settings.endpoint.as_deref()) {
-                    client = fresh;
-                }
-                // Keep the notices already known; an unreachable IMDS is no all-clear.
-                if last_error.as_deref() != Some(&reason) {
-                    tracing::warn!(%reason, "IMDS poll failed; keeping the notices already known.");
-                    let _ = tx.send(state(SourceState::Failed(reason.clone()))).await;
-                    last_error = Some(reason);
-                }
+        }
+        if reauth {
+            // aws-config's client keeps its cached session token until the token's TTL runs
+            // out, even when IMDS answers 401 (the token was invalidated early): a fresh
+            // client fetches a new token on the next poll. Only then: a token PUT per poll
+            // would be wasted on every other failure.
+            if let Ok(fresh) = self::client(settings.endpoint.as_deref()) {
+                client = fresh;
+            }
+        }
+        let notices: Vec<Notice> = known.iter().flatten().cloned().collect();
+        if last.as_ref() != Some(&notices) {
+            last = Some(notices.clone());
+            let sent = tx
+                .send(Observation::Notices {
+                    source: SourceKind::Imds,
+                    notices,
+                })
+                .await;
+            if sent.is_err() {
+                return;
+            }
+        }
+        if errors.is_empty() {
+            if last_error.take().is_some() {
+                tracing::info!("IMDS answers again.");
+                let _ = tx.send(state(SourceState::On)).await;
+            }
+        } else {
+            let reason = errors.join("; ");
+            if last_error.as_deref() != Some(&reason) {
+                tracing::warn!(%reason, "IMDS poll failed for a notice path; keeping what that path had.");
+                let _ = tx.send(state(SourceState::Failed(reason.clone()))).await;
+                last_error = Some(reason);
             }
         }
     }

@@ -1,18 +1,22 @@
-//! The kernel-log source: follows `/dev/kmsg` (through rmesg) for NVIDIA Xid, "fallen off
-//! the bus" and NVSwitch SXid lines.
+//! The kernel-log source: follows `/dev/kmsg` for NVIDIA Xid, "fallen off the bus" and
+//! NVSwitch SXid lines.
 //!
 //! It reads what this boot already logged, then follows. Records at or before the persisted
 //! cursor (the sequence number of the last record the core merged) are skipped, so a restart
 //! never counts a record twice. Gaps in sequence numbers are records the kernel overwrote
-//! before we read them (ring-buffer overrun, `EPIPE`): they are counted, and logged once.
+//! before we read them (ring-buffer overrun, `EPIPE`, or while the agent was stopped: the
+//! first record read is compared with the cursor): they are counted, and logged once. A
+//! record whose header cannot be parsed is skipped and counted; only I/O errors stop the
+//! reader.
 //!
 //! Reading is a blocking loop on its own thread: a `/dev/kmsg` read blocks until the next
 //! record, and a dedicated thread keeps the latency at a plain `read(2)`'s.
 
 pub mod parse;
+pub mod record;
 
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -20,12 +24,18 @@ use tokio::sync::mpsc;
 
 use crate::catalog::{self, DriverBranch};
 use crate::model::{
-    Component, FaultCode, FaultReport, KmsgStats, Observation, SourceKind, SourceState,
+    Component, FaultCode, FaultReport, KmsgCounters, Observation, SourceKind, SourceState,
 };
 use parse::FaultLine;
+use record::{Next, Record};
 
 /// The longest raw line kept as a fault's evidence.
 const MAX_DETAIL: usize = 512;
+/// Consecutive I/O errors after which the follower gives up (an overrun is not one).
+const MAX_IO_ERRORS: u32 = 10;
+/// What `gpu-agent inject` appends to its drill lines: the one mark that makes a userspace
+/// record count as a fault when `[kmsg] accept_userspace` is off.
+pub const INJECT_MARK: &str = "(injected by gpu-agent)";
 
 /// Why the kernel log could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -35,7 +45,15 @@ pub enum KmsgError {
     Open {
         /// The kernel log path.
         path: PathBuf,
-        /// rmesg's description.
+        /// The system's description.
+        reason: String,
+    },
+    /// Reading failed.
+    #[error("reading kernel log {path}: {reason}")]
+    Read {
+        /// The kernel log path.
+        path: PathBuf,
+        /// The system's description.
         reason: String,
     },
 }
@@ -51,39 +69,22 @@ pub struct Settings {
     pub branch: DriverBranch,
     /// When this boot started, to turn record timestamps into wall-clock time.
     pub boot_time: Option<SystemTime>,
-}
-
-/// Reading statistics, shared with the core (which puts them into snapshots).
-#[derive(Debug, Default)]
-pub struct Counters {
-    read: AtomicU64,
-    lost: AtomicU64,
-    matched: AtomicU64,
-}
-
-impl Counters {
-    /// The counts so far.
-    pub fn stats(&self) -> KmsgStats {
-        KmsgStats {
-            records_read: self.read.load(Ordering::Relaxed),
-            records_lost: self.lost.load(Ordering::Relaxed),
-            records_matched: self.matched.load(Ordering::Relaxed),
-        }
-    }
+    /// Count fault lines written by userspace too (not only the kernel's and drills).
+    pub accept_userspace: bool,
 }
 
 /// Turns kernel-log records into fault reports, tracking sequence numbers.
 #[derive(Debug)]
 pub struct RecordReader {
     settings: Settings,
-    counters: Arc<Counters>,
+    counters: Arc<KmsgCounters>,
     last_seq: Option<u64>,
     overrun_logged: bool,
 }
 
 impl RecordReader {
     /// A reader with fresh or shared counters.
-    pub fn new(settings: Settings, counters: Arc<Counters>) -> Self {
+    pub fn new(settings: Settings, counters: Arc<KmsgCounters>) -> Self {
         Self {
             settings,
             counters,
@@ -93,12 +94,14 @@ impl RecordReader {
     }
 
     /// Process one record; `Some` when it is a fault line not seen before.
-    pub fn on_entry(&mut self, entry: &rmesg::entry::Entry) -> Option<FaultReport> {
-        // Continuation lines of a record (` KEY=value`) carry no sequence number.
-        let seq = u64::try_from(entry.sequence_num?).ok()?;
+    pub fn on_record(&mut self, record: &Record) -> Option<FaultReport> {
+        let seq = record.seq;
         self.counters.read.fetch_add(1, Ordering::Relaxed);
-        if let Some(last) = self.last_seq {
-            if seq > last + 1 {
+        // The first record after a restart: records between the saved cursor and the oldest
+        // one still in the ring were overwritten while the agent was not reading.
+        let previous = self.last_seq.or(self.settings.resume_after);
+        if let Some(last) = previous {
+            if seq > last.saturating_add(1) {
                 self.on_lost(seq - last - 1);
             }
         }
@@ -110,13 +113,30 @@ impl RecordReader {
         {
             return None;
         }
-        let at = match (self.settings.boot_time, entry.timestamp_from_system_start) {
-            (Some(boot), Some(since_boot)) => boot + since_boot,
-            _ => SystemTime::now(),
+        let at = match self.settings.boot_time {
+            Some(boot) => boot + record.since_boot,
+            None => SystemTime::now(),
         };
-        let report = report(&entry.message, Some(seq), at, self.settings.branch)?;
+        let report = report(&record.message, Some(seq), at, self.settings.branch)?;
+        let trusted = record.facility == record::KERNEL_FACILITY
+            || self.settings.accept_userspace
+            || record.message.trim_end().ends_with(INJECT_MARK);
+        if !trusted {
+            // A fault line from userspace (a privileged pod, a stray logger): not evidence.
+            if self.counters.ignored.fetch_add(1, Ordering::Relaxed) == 0 {
+                tracing::warn!(facility = record.facility, line = %report.detail, "Ignoring a fault line written by userspace, not the kernel ([kmsg] accept_userspace = false); such lines are counted in gpu_agent_kmsg_records_ignored_total (logged once).");
+            }
+            return None;
+        }
         self.counters.matched.fetch_add(1, Ordering::Relaxed);
         Some(report)
+    }
+
+    /// A line that is not a record: skipped and counted.
+    pub fn on_unparsed(&mut self, error: &record::RecordError) {
+        if self.counters.unparsed.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::info!(%error, "Skipping a kernel-log record that cannot be parsed; such records are counted in gpu_agent_kmsg_records_unparsed_total (logged once).");
+        }
     }
 
     fn on_lost(&mut self, lost: u64) {
@@ -125,19 +145,10 @@ impl RecordReader {
             self.overrun_logged = true;
             tracing::warn!(
                 lost,
-                "Kernel log overran before it was read; lost records are counted in \
-                 gpu_agent_kmsg_records_lost_total (logged once)."
+                "Kernel log overran: records were overwritten before they were read; lost records are \
+                 counted in gpu_agent_kmsg_records_lost_total (logged once)."
             );
         }
-    }
-
-    /// A read error from rmesg: an overrun (`EPIPE`) is expected and carried on from; the
-    /// lost records show up as a sequence gap on the next record. Returns `false` when the
-    /// error is not recoverable.
-    fn on_error(&mut self, error: &rmesg::error::RMesgError) -> bool {
-        // rmesg flattens io::Error into a string; EPIPE is "Broken pipe (os error 32)".
-        let text = error.to_string();
-        text.contains("os error 32") || text.contains("BrokenPipe")
     }
 }
 
@@ -193,60 +204,40 @@ fn truncate(text: &str, max: usize) -> String {
     format!("{}…", &text[..end])
 }
 
-fn path_string(path: &Path) -> String {
-    path.to_string_lossy().into_owned()
-}
-
-/// Read what the kernel log holds now, without following (for `gpu-agent check`).
+/// Read what the kernel log holds now, without following (for `gpu-agent check`): the same
+/// reader and record handling as the daemon's.
 pub fn read_snapshot(
     settings: Settings,
-    counters: Arc<Counters>,
+    counters: Arc<KmsgCounters>,
 ) -> Result<Vec<FaultReport>, KmsgError> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let open_err = |reason: String| KmsgError::Open {
-        path: settings.path.clone(),
-        reason,
-    };
-    // Non-blocking: /dev/kmsg returns one record per read and EAGAIN at the end. An overrun
-    // while reading (EPIPE) is carried on from, like the daemon does, instead of failing.
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
-        .open(&settings.path)
-        .map_err(|e| open_err(e.to_string()))?;
-    let mut reader = RecordReader::new(settings.clone(), counters);
+    let path = settings.path.clone();
+    let mut file = record::Reader::open(&path, false).map_err(|e| KmsgError::Open {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    let mut reader = RecordReader::new(settings, counters);
     let mut reports = Vec::new();
-    let mut buf = vec![0u8; 16 * 1024];
-    let mut pending = String::new();
     loop {
-        match file.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                pending.push_str(&String::from_utf8_lossy(&buf[..n]));
-                // A record device gives whole records; a dump file gives arbitrary chunks.
-                while let Some(end) = pending.find('\n') {
-                    let line: String = pending.drain(..=end).collect();
-                    if let Ok(entry) = rmesg::kmsgfile::entry_from_line(line.trim_end_matches('\n'))
-                    {
-                        reports.extend(reader.on_entry(&entry));
-                    }
-                }
+        match file.read_next() {
+            Ok(Next::Record(record)) => reports.extend(reader.on_record(&record)),
+            Ok(Next::Unparsed(e)) => reader.on_unparsed(&e),
+            Ok(Next::Overrun) => {}
+            Ok(Next::End) => return Ok(reports),
+            Err(e) => {
+                return Err(KmsgError::Read {
+                    path,
+                    reason: e.to_string(),
+                })
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-            Err(e) if e.raw_os_error() == Some(32) => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(open_err(format!("reading: {e}"))),
         }
     }
-    Ok(reports)
 }
 
 /// Start following the kernel log on its own thread. Observations go to `tx`; the thread
-/// ends when the log ends (a dump file), on an unrecoverable error, or when the core is gone.
+/// ends when the log ends (a dump file), on repeated I/O errors, or when the core is gone.
 pub fn spawn(
     settings: Settings,
-    counters: Arc<Counters>,
+    counters: Arc<KmsgCounters>,
     tx: mpsc::Sender<Observation>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
@@ -254,47 +245,53 @@ pub fn spawn(
         .spawn(move || follow(settings, counters, &tx))
 }
 
-fn follow(settings: Settings, counters: Arc<Counters>, tx: &mpsc::Sender<Observation>) {
+fn follow(settings: Settings, counters: Arc<KmsgCounters>, tx: &mpsc::Sender<Observation>) {
     let send_state = |state| {
         tx.blocking_send(Observation::Source(SourceKind::Kmsg, state))
             .is_ok()
     };
     let path = settings.path.clone();
-    let entries =
-        match rmesg::kmsgfile::KMsgEntriesIter::with_options(Some(path_string(&path)), false) {
-            Ok(entries) => entries,
-            Err(e) => {
-                let reason = KmsgError::Open {
-                    path,
-                    reason: e.to_string(),
-                }
-                .to_string();
-                tracing::warn!(%reason, "Kernel log source is off.");
-                send_state(SourceState::Failed(reason));
-                return;
+    let mut file = match record::Reader::open(&path, true) {
+        Ok(file) => file,
+        Err(e) => {
+            let reason = KmsgError::Open {
+                path,
+                reason: e.to_string(),
             }
-        };
+            .to_string();
+            tracing::warn!(%reason, "Kernel log source is off.");
+            send_state(SourceState::Failed(reason));
+            return;
+        }
+    };
     if !send_state(SourceState::On) {
         return;
     }
     tracing::info!(path = %path.display(), resume_after = ?settings.resume_after, "Following the kernel log.");
     let mut reader = RecordReader::new(settings, counters);
-    let mut consecutive_errors = 0u32;
-    for entry in entries {
-        match entry {
-            Ok(entry) => {
-                consecutive_errors = 0;
-                if let Some(report) = reader.on_entry(&entry) {
+    let mut io_errors = 0u32;
+    loop {
+        match file.read_next() {
+            Ok(Next::Record(record)) => {
+                io_errors = 0;
+                if let Some(report) = reader.on_record(&record) {
                     if tx.blocking_send(Observation::Fault(report)).is_err() {
                         return;
                     }
                 }
             }
-            Err(e) if reader.on_error(&e) => {}
+            Ok(Next::Unparsed(e)) => reader.on_unparsed(&e),
+            // The lost records show up as a sequence gap on the next record.
+            Ok(Next::Overrun) => {}
+            Ok(Next::End) => break,
             Err(e) => {
-                consecutive_errors += 1;
-                if consecutive_errors >= 10 {
-                    let reason = format!("reading {}: {e}", path.display());
+                io_errors += 1;
+                if io_errors >= MAX_IO_ERRORS {
+                    let reason = KmsgError::Read {
+                        path,
+                        reason: e.to_string(),
+                    }
+                    .to_string();
                     tracing::error!(%reason, "Kernel log source stopped.");
                     send_state(SourceState::Failed(reason));
                     return;
@@ -310,14 +307,14 @@ fn follow(settings: Settings, counters: Arc<Counters>, tx: &mpsc::Sender<Observa
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Action, Severity};
+    use crate::model::{Action, KmsgStats, Severity};
 
-    fn entry(seq: usize, message: &str) -> rmesg::entry::Entry {
-        rmesg::entry::Entry {
-            facility: None,
-            level: None,
-            sequence_num: Some(seq),
-            timestamp_from_system_start: Some(Duration::from_secs(5)),
+    fn entry(seq: u64, message: &str) -> Record {
+        Record {
+            facility: record::KERNEL_FACILITY,
+            level: 3,
+            seq,
+            since_boot: Duration::from_secs(5),
             message: message.to_string(),
         }
     }
@@ -328,15 +325,16 @@ mod tests {
             resume_after,
             branch: DriverBranch::Unknown,
             boot_time: Some(SystemTime::UNIX_EPOCH),
+            accept_userspace: false,
         };
-        RecordReader::new(settings, Arc::new(Counters::default()))
+        RecordReader::new(settings, Arc::new(KmsgCounters::default()))
     }
 
     #[test]
     fn classifies_and_stamps_records() {
         let mut r = reader(None);
         let report = r
-            .on_entry(&entry(
+            .on_record(&entry(
                 7,
                 "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python3, GPU has fallen off the bus.",
             ))
@@ -348,13 +346,15 @@ mod tests {
         );
         assert_eq!(report.at, SystemTime::UNIX_EPOCH + Duration::from_secs(5));
         assert_eq!(report.cursor, Some(7));
-        assert!(r.on_entry(&entry(8, "usb 1-1: new device")).is_none());
+        assert!(r.on_record(&entry(8, "usb 1-1: new device")).is_none());
         assert_eq!(
             r.counters.stats(),
             KmsgStats {
                 records_read: 2,
                 records_lost: 0,
-                records_matched: 1
+                records_matched: 1,
+                records_unparsed: 0,
+                records_ignored: 0,
             }
         );
     }
@@ -363,14 +363,57 @@ mod tests {
     fn skips_up_to_the_cursor_and_counts_gaps() {
         let mut r = reader(Some(10));
         let line = "NVRM: Xid (PCI:0000:3b:00): 48, DBE";
-        assert!(r.on_entry(&entry(9, line)).is_none());
-        assert!(r.on_entry(&entry(10, line)).is_none());
-        assert!(r.on_entry(&entry(15, line)).is_some());
+        assert!(r.on_record(&entry(9, line)).is_none());
+        assert!(r.on_record(&entry(10, line)).is_none());
+        assert!(r.on_record(&entry(15, line)).is_some());
         assert_eq!(r.counters.stats().records_lost, 4);
-        let mut continuation = entry(0, " SUBSYSTEM=pci");
-        continuation.sequence_num = None;
-        assert!(r.on_entry(&continuation).is_none());
         assert_eq!(r.counters.stats().records_read, 3);
+    }
+
+    #[test]
+    fn records_overwritten_while_stopped_are_lost() {
+        // Saved cursor 100; the oldest record still in the ring is 150: 101..=149 were lost.
+        let mut r = reader(Some(100));
+        assert!(r.on_record(&entry(150, "usb 1-1: new device")).is_none());
+        assert_eq!(r.counters.stats().records_lost, 49);
+        // The ring still holds records from before the cursor: nothing lost.
+        let mut r = reader(Some(100));
+        r.on_record(&entry(3, "early boot"));
+        r.on_record(&entry(4, "early boot"));
+        assert_eq!(r.counters.stats().records_lost, 0);
+    }
+
+    #[test]
+    fn userspace_fault_lines_count_only_as_drills_or_when_accepted() {
+        let forged = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.";
+        let user = |seq, message: &str| Record {
+            facility: 1,
+            ..entry(seq, message)
+        };
+        let mut r = reader(None);
+        assert!(
+            r.on_record(&user(1, forged)).is_none(),
+            "forged by userspace"
+        );
+        assert!(r.on_record(&user(2, "plain noise")).is_none());
+        assert_eq!(
+            r.counters.stats().records_ignored,
+            1,
+            "only fault lines count"
+        );
+        let drill = format!("{forged} {INJECT_MARK}");
+        assert!(r.on_record(&user(3, &drill)).is_some(), "a gpu-agent drill");
+        assert!(r.on_record(&entry(4, forged)).is_some(), "the kernel's own");
+        r.settings.accept_userspace = true;
+        assert!(r.on_record(&user(5, forged)).is_some(), "replay rig");
+    }
+
+    #[test]
+    fn unparsed_records_are_counted() {
+        let mut r = reader(None);
+        r.on_unparsed(&record::RecordError::NoMessage);
+        r.on_unparsed(&record::RecordError::NoMessage);
+        assert_eq!(r.counters.stats().records_unparsed, 2);
     }
 
     #[test]
@@ -390,15 +433,6 @@ mod tests {
             DriverBranch::Unknown
         )
         .is_none());
-    }
-
-    #[test]
-    fn overrun_errors_are_recoverable() {
-        let mut r = reader(None);
-        let epipe: rmesg::error::RMesgError = std::io::Error::from_raw_os_error(32).into();
-        assert!(r.on_error(&epipe));
-        let other: rmesg::error::RMesgError = std::io::Error::from_raw_os_error(5).into();
-        assert!(!r.on_error(&other));
     }
 
     #[test]

@@ -12,7 +12,8 @@
 //! | retired pages pending (pre-Ampere) | `retired-pages-pending` | fatal | reset-gpu |
 //! | row remap pending | `remap-pending` | fatal | reset-gpu |
 //! | row remap failure | `remap-failure` | fatal | replace |
-//! | an NVLink link down | `nvlink-down` | fatal | reset-gpu |
+//! | an NVLink link that was up in this boot is down | `nvlink-down` | fatal | reset-gpu |
+//! | an NVLink link never up in this boot, past the boot grace | `nvlink-inactive` | warning | none |
 //! | NVLink replay/recovery/CRC counters rising faster than [`NVLINK_ERRORS_PER_MINUTE`] | `nvlink-errors` | warning | none |
 //! | PCIe width below the GPU's maximum | `pcie-degraded` | warning | none |
 //! | hardware slowdown clock-event reasons | `clock-slowdown` | warning | none |
@@ -68,20 +69,29 @@ fn finding(
     }
 }
 
-/// NVLink counter totals from the previous poll, to turn counters into rates.
+/// What earlier polls of this boot saw: NVLink counter totals (to turn counters into rates)
+/// and which links have been up (the baseline a link going down is judged against).
 #[derive(Debug, Default)]
 pub struct Rates {
     previous: HashMap<u32, u64>,
+    links_up: HashMap<u32, Vec<bool>>,
 }
 
 /// Evaluate one poll. `expected` is how many GPUs the node should have; `on_bus` are the
-/// NVIDIA GPUs sysfs lists; `elapsed` is the time since the previous poll.
+/// NVIDIA GPUs sysfs lists; `elapsed` is the time since the previous poll; `booting` is true
+/// within the boot grace period, while Fabric Manager may still be training NVLinks.
+///
+/// NVLinks are judged against this boot's baseline: a link that was up and goes down is
+/// fatal at once; a link that has never been up is not a fault while booting (on HGX hosts
+/// links train only once nvidia-fabricmanager has run) and a warning after (a link never up
+/// can be NVLink disabled on purpose: it must not make the node be replaced).
 pub fn evaluate(
     readings: &[GpuReading],
     expected: u32,
     on_bus: &[PciAddress],
     rates: &mut Rates,
     elapsed: Duration,
+    booting: bool,
 ) -> Vec<Finding> {
     let mut out = Vec::new();
     let addresses = addresses(readings, on_bus);
@@ -92,7 +102,7 @@ pub fn evaluate(
             // Without an address the fault is the node's, named by NVML index.
             None => Component::Node,
         };
-        per_gpu(r, component, rates, elapsed, &mut out);
+        per_gpu(r, component, rates, elapsed, booting, &mut out);
     }
     out
 }
@@ -164,6 +174,7 @@ fn per_gpu(
     component: Component,
     rates: &mut Rates,
     elapsed: Duration,
+    booting: bool,
     out: &mut Vec<Finding>,
 ) {
     let gpu = format!(
@@ -267,23 +278,44 @@ fn per_gpu(
         }
     }
     if let Ok(nv) = &r.nvlink {
-        let down: Vec<String> = nv
-            .links
-            .iter()
-            .enumerate()
-            .filter(|(_, up)| !**up)
-            .map(|(i, _)| i.to_string())
-            .collect();
-        if !down.is_empty() {
+        let seen = rates.links_up.entry(r.nvml_index).or_default();
+        if seen.len() < nv.links.len() {
+            seen.resize(nv.links.len(), false);
+        }
+        let (mut lost, mut never) = (Vec::new(), Vec::new());
+        for (i, up) in nv.links.iter().enumerate() {
+            if *up {
+                seen[i] = true;
+            } else if seen[i] {
+                lost.push(i.to_string());
+            } else {
+                never.push(i.to_string());
+            }
+        }
+        let up = nv.links.iter().filter(|u| **u).count();
+        if !lost.is_empty() {
             push(
                 FaultCode::NvlinkDown,
                 Severity::Fatal,
                 Action::ResetGpu,
                 "NVLINK_DOWN",
                 format!(
-                    "NVLink {} down ({} of {} up)",
-                    down.join(","),
-                    nv.links.len() - down.len(),
+                    "NVLink {} down after being up in this boot ({up} of {} up)",
+                    lost.join(","),
+                    nv.links.len()
+                ),
+            );
+        }
+        if !never.is_empty() && !booting {
+            push(
+                FaultCode::NvlinkInactive,
+                Severity::Warning,
+                Action::None,
+                "NVLINK_INACTIVE",
+                format!(
+                    "NVLink {} not up since boot ({up} of {} up): Fabric Manager has not \
+                     trained them, or NVLink is disabled on this host",
+                    never.join(","),
                     nv.links.len()
                 ),
             );
@@ -387,6 +419,7 @@ mod tests {
             bus,
             &mut Rates::default(),
             Duration::from_secs(10),
+            false,
         )
         .into_iter()
         .map(|f| (f.code, f.class.severity, f.class.action))
@@ -407,7 +440,7 @@ mod tests {
     fn missing_gpu_is_named_by_address() {
         let gpus: Vec<_> = (0..7).map(healthy).collect();
         let bus: Vec<_> = (0..8).map(pci).collect();
-        let found = evaluate(&gpus, 8, &bus, &mut Rates::default(), Duration::ZERO);
+        let found = evaluate(&gpus, 8, &bus, &mut Rates::default(), Duration::ZERO, false);
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].component, Component::Gpu { pci: pci(7) });
         assert_eq!(found[0].code, FaultCode::GpuMissing);
@@ -464,13 +497,14 @@ mod tests {
             codes(&[g], 1, &bus),
             [(FaultCode::RemapFailure, Severity::Fatal, Action::Replace)]
         );
+        // Link 4 never up in this boot, past the grace: a warning, never a replacement.
         let mut g = healthy(0);
         if let Ok(nv) = &mut g.nvlink {
             nv.links[4] = false;
         }
         assert_eq!(
             codes(&[g], 1, &bus),
-            [(FaultCode::NvlinkDown, Severity::Fatal, Action::ResetGpu)]
+            [(FaultCode::NvlinkInactive, Severity::Warning, Action::None)]
         );
         let mut g = healthy(0);
         g.pcie = Ok(PcieLink {
@@ -516,7 +550,7 @@ mod tests {
             ..GpuReading::unreachable_for_test(1, Unread::Lost)
         };
         let bus: Vec<_> = (0..3).map(pci).collect();
-        let found = evaluate(&gpus, 3, &bus, &mut Rates::default(), Duration::ZERO);
+        let found = evaluate(&gpus, 3, &bus, &mut Rates::default(), Duration::ZERO, false);
         assert_eq!(found.len(), 1);
         assert_eq!(
             (found[0].component, found[0].code),
@@ -525,7 +559,7 @@ mod tests {
         // A lost GPU cannot report its address: it takes the bus address no one claimed,
         // and is not also reported missing.
         gpus[1] = GpuReading::unreachable_for_test(1, Unread::Lost);
-        let found = evaluate(&gpus, 3, &bus, &mut Rates::default(), Duration::ZERO);
+        let found = evaluate(&gpus, 3, &bus, &mut Rates::default(), Duration::ZERO, false);
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(
             (found[0].component, found[0].code),
@@ -546,11 +580,53 @@ mod tests {
         };
         let minute = Duration::from_secs(60);
         assert!(
-            evaluate(&[with(1_000)], 1, &bus, &mut rates, minute).is_empty(),
+            evaluate(&[with(1_000)], 1, &bus, &mut rates, minute, false).is_empty(),
             "first poll has no rate"
         );
-        assert!(evaluate(&[with(1_005)], 1, &bus, &mut rates, minute).is_empty());
-        let found = evaluate(&[with(1_100)], 1, &bus, &mut rates, minute);
+        assert!(evaluate(&[with(1_005)], 1, &bus, &mut rates, minute, false).is_empty());
+        let found = evaluate(&[with(1_100)], 1, &bus, &mut rates, minute, false);
         assert_eq!(found[0].code, FaultCode::NvlinkErrors);
+    }
+
+    #[test]
+    fn nvlinks_are_judged_against_this_boots_baseline() {
+        let bus = [pci(0)];
+        let mut rates = Rates::default();
+        let mut untrained = healthy(0);
+        if let Ok(nv) = &mut untrained.nvlink {
+            nv.links = vec![false; 18];
+        }
+        let poll = |g: &GpuReading, rates: &mut Rates, booting| {
+            evaluate(
+                std::slice::from_ref(g),
+                1,
+                &bus,
+                rates,
+                Duration::ZERO,
+                booting,
+            )
+            .into_iter()
+            .map(|f| (f.code, f.class.severity))
+            .collect::<Vec<_>>()
+        };
+        // Booting, Fabric Manager not done: links down are no fault.
+        assert!(poll(&untrained, &mut rates, true).is_empty());
+        // Trained: all up.
+        assert!(poll(&healthy(0), &mut rates, true).is_empty());
+        // A link that was up goes down: fatal at once, grace or not.
+        let mut one_down = healthy(0);
+        if let Ok(nv) = &mut one_down.nvlink {
+            nv.links[7] = false;
+        }
+        assert_eq!(
+            poll(&one_down, &mut rates, true),
+            [(FaultCode::NvlinkDown, Severity::Fatal)]
+        );
+        // A host whose links never came up: after the grace, a warning only.
+        let mut fresh = Rates::default();
+        assert_eq!(
+            poll(&untrained, &mut fresh, false),
+            [(FaultCode::NvlinkInactive, Severity::Warning)]
+        );
     }
 }

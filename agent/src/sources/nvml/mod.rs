@@ -41,6 +41,11 @@ pub struct Settings {
     pub expected_gpus: u32,
     /// sysfs root (GPUs on the bus, DMI instance type).
     pub sysfs_root: PathBuf,
+    /// procfs root (when this boot started).
+    pub procfs_root: PathBuf,
+    /// From boot, how long NVLinks that have not come up yet are not judged (Fabric Manager
+    /// trains them after the agent starts).
+    pub nvlink_boot_grace: Duration,
 }
 
 /// Load NVML from `library`.
@@ -51,26 +56,55 @@ pub fn load(library: &std::path::Path) -> Result<Nvml, String> {
         .map_err(|e| format!("NVIDIA driver not available ({}): {e}", library.display()))
 }
 
-/// A poller that remembers counters between polls.
+/// A poller that remembers counters and NVLink state between polls.
 #[derive(Debug)]
 pub struct Poller {
     settings: Settings,
     rates: Rates,
     last: Option<Instant>,
+    grace_ends: SystemTime,
+    failing: bool,
 }
 
 impl Poller {
     /// A poller for `settings`.
     pub fn new(settings: Settings) -> Self {
+        // Unknown boot time: the grace counts from now.
+        let boot = host::boot_time(&settings.procfs_root).unwrap_or_else(SystemTime::now);
         Self {
+            grace_ends: boot + settings.nvlink_boot_grace,
             settings,
             rates: Rates::default(),
             last: None,
+            failing: false,
         }
     }
 
-    /// Read every GPU and turn the readings into one [`Observation::Poll`].
-    pub fn poll(&mut self, nvml: &Nvml) -> Observation {
+    /// Read every GPU and turn the readings into one [`Observation::Poll`] (with the source
+    /// back `On` first if the previous poll failed). A poll that cannot enumerate the GPUs
+    /// is the source failing, not the GPUs missing: it sends only the source's `Failed`
+    /// state, and the core keeps this source's faults as they were.
+    pub fn poll(&mut self, nvml: &Nvml) -> Vec<Observation> {
+        let readings = match read_all(nvml) {
+            Ok(readings) => readings,
+            Err(reason) => {
+                if !self.failing {
+                    tracing::warn!(%reason, "NVML cannot enumerate the GPUs; keeping the faults already known.");
+                }
+                self.failing = true;
+                return vec![Observation::Source(
+                    SourceKind::Nvml,
+                    SourceState::Failed(format!(
+                        "cannot enumerate GPUs ({reason}); faults kept as they were"
+                    )),
+                )];
+            }
+        };
+        let mut out = Vec::with_capacity(2);
+        if std::mem::take(&mut self.failing) {
+            tracing::info!("NVML enumerates the GPUs again.");
+            out.push(Observation::Source(SourceKind::Nvml, SourceState::On));
+        }
         let now = Instant::now();
         let elapsed = self.last.map_or(Duration::ZERO, |t| now.duration_since(t));
         self.last = Some(now);
@@ -84,32 +118,34 @@ impl Poller {
             &self.settings.sysfs_root,
             on_bus.len(),
         );
-        let readings = match read_all(nvml) {
-            Ok(readings) => readings,
-            Err(reason) => {
-                tracing::warn!(%reason, "NVML poll failed.");
-                Vec::new()
-            }
-        };
         let at = SystemTime::now();
-        let faults = evaluate(&readings, expected, &on_bus, &mut self.rates, elapsed)
-            .into_iter()
-            .map(|f| FaultReport {
-                component: f.component,
-                code: f.code,
-                class: f.class,
-                source: SourceKind::Nvml,
-                at,
-                detail: f.detail,
-                cursor: None,
-            })
-            .collect();
-        Observation::Poll {
+        let booting = at < self.grace_ends;
+        let faults = evaluate(
+            &readings,
+            expected,
+            &on_bus,
+            &mut self.rates,
+            elapsed,
+            booting,
+        )
+        .into_iter()
+        .map(|f| FaultReport {
+            component: f.component,
+            code: f.code,
+            class: f.class,
+            source: SourceKind::Nvml,
+            at,
+            detail: f.detail,
+            cursor: None,
+        })
+        .collect();
+        out.push(Observation::Poll {
             source: SourceKind::Nvml,
             faults,
             gpus: readings.iter().map(identity).collect(),
             driver_version: nvml.sys_driver_version().ok(),
-        }
+        });
+        out
     }
 }
 
@@ -183,8 +219,10 @@ fn run(settings: Settings, tx: &mpsc::Sender<Observation>) {
     }
     let mut poller = Poller::new(settings.clone());
     loop {
-        if !send(poller.poll(&nvml)) {
-            return;
+        for observation in poller.poll(&nvml) {
+            if !send(observation) {
+                return;
+            }
         }
         std::thread::sleep(settings.poll_interval);
         if tx.is_closed() {

@@ -1,4 +1,7 @@
-//! Signal names a handler can catch (never KILL or STOP), and the `SigCgt` mask.
+//! Signal names a handler can catch (never KILL or STOP), the `SigCgt` mask, and which
+//! signals may carry the checkpoint request: SIGINT never (every Python process "catches"
+//! it as KeyboardInterrupt, so `SigCgt` says nothing about a checkpoint handler), and
+//! SIGTERM, SIGHUP and SIGQUIT only with a warning (launchers tear the job down on them).
 
 use rustix::process::Signal;
 
@@ -32,6 +35,22 @@ pub fn name(signal: Signal) -> String {
     )
 }
 
+/// Why `signal` may not carry a checkpoint request, if it may not.
+pub fn refused(signal: Signal) -> Option<&'static str> {
+    (signal == Signal::INT).then_some(
+        "SIGINT is refused: every Python process catches it (KeyboardInterrupt), so a handler \
+         check cannot tell a checkpoint handler from none",
+    )
+}
+
+/// A warning for a signal that many jobs treat as "stop now", if `signal` is one.
+pub fn risky(signal: Signal) -> Option<&'static str> {
+    matches!(signal, Signal::TERM | Signal::HUP | Signal::QUIT).then_some(
+        "torchrun and DeepSpeed's launcher catch it to tear the whole job down; use it only \
+         for processes whose handler checkpoints (SIGUSR1 is the default)",
+    )
+}
+
 /// Does a `SigCgt` hex mask (from `/proc/PID/status`) include `signal`?
 pub fn caught(sigcgt_hex: &str, signal: Signal) -> bool {
     let bit = signal.as_raw() - 1;
@@ -48,6 +67,8 @@ mod tests {
         assert_eq!(parse("SIGUSR1"), Some(Signal::USR1));
         assert_eq!(parse("usr2"), Some(Signal::USR2));
         assert_eq!(parse("SIGKILL"), None, "uncatchable signals are never used");
+        assert!(refused(Signal::INT).is_some() && refused(Signal::USR1).is_none());
+        assert!(risky(Signal::TERM).is_some() && risky(Signal::USR2).is_none());
         assert_eq!(name(Signal::USR1), "SIGUSR1");
         // SIGUSR1 is 10: bit 9.
         assert!(caught("0000000000000200", Signal::USR1));

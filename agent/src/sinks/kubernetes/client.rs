@@ -1,8 +1,10 @@
 //! Talking to the API server: connecting with the kubelet's kubeconfig (exec credential
-//! plugins included) or in-cluster config, and the four calls the sink makes, with errors
-//! that name the verb and resource.
+//! plugins included) or in-cluster config, and the calls the sinks make, each time-limited,
+//! with errors that name the verb and resource.
 
+use std::future::Future;
 use std::path::Path;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
@@ -135,14 +137,16 @@ impl ApiError {
 }
 
 /// Connect: the kubeconfig at `path` if it exists, else in-cluster config when running in
-/// a pod, else [`ApiError::NotConfigured`].
-pub async fn connect(path: &Path) -> Result<Client, ApiError> {
+/// a pod, else [`ApiError::NotConfigured`]. `timeout` limits connecting and each read and
+/// write. The client is built on the blocking pool: building it runs the kubeconfig's exec
+/// credential plugin, a blocking process call.
+pub async fn connect(path: &Path, timeout: Duration) -> Result<Client, ApiError> {
     let shown = path.display().to_string();
     let config_err = |reason: String| ApiError::Config {
         path: shown.clone(),
         reason,
     };
-    let config = if path.exists() {
+    let mut config = if path.exists() {
         let kubeconfig = Kubeconfig::read_from(path).map_err(|e| config_err(e.to_string()))?;
         Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
             .await
@@ -152,24 +156,51 @@ pub async fn connect(path: &Path) -> Result<Client, ApiError> {
     } else {
         return Err(ApiError::NotConfigured { path: shown });
     };
-    Client::try_from(config).map_err(|e| config_err(e.to_string()))
+    config.connect_timeout = Some(timeout);
+    config.read_timeout = Some(timeout);
+    config.write_timeout = Some(timeout);
+    // The blocking pool's threads carry the runtime's context: the client's background
+    // task is spawned onto the daemon's runtime.
+    tokio::task::spawn_blocking(move || Client::try_from(config))
+        .await
+        .map_err(|e| config_err(format!("building the client: {e}")))?
+        .map_err(|e| config_err(e.to_string()))
 }
 
-/// The calls the sink makes.
+/// Run one call within `limit`; a call with no answer by then is [`ApiError::Unreachable`].
+async fn timed<T>(
+    limit: Duration,
+    verb: &'static str,
+    resource: String,
+    call: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, ApiError> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(result) => result.map_err(|e| ApiError::from_kube(verb, resource, e)),
+        Err(_) => Err(ApiError::Unreachable {
+            verb,
+            resource,
+            reason: format!("no answer within {limit:?}"),
+        }),
+    }
+}
+
+/// The calls the sinks make, each limited to `timeout` as a whole.
 #[derive(Clone)]
 pub struct NodeApi {
     nodes: Api<Node>,
     events: Api<Event>,
     node: String,
+    timeout: Duration,
 }
 
 impl NodeApi {
     /// For node `node`; Node events live in the `default` namespace (as the kubelet's do).
-    pub fn new(client: Client, node: &str) -> Self {
+    pub fn new(client: Client, node: &str, timeout: Duration) -> Self {
         Self {
             nodes: Api::all(client.clone()),
             events: Api::namespaced(client, "default"),
             node: node.to_string(),
+            timeout,
         }
     }
 
@@ -180,11 +211,13 @@ impl NodeApi {
 
     /// GET the node; returns `(uid, conditions as JSON)`.
     pub async fn get(&self) -> Result<(String, Vec<serde_json::Value>), ApiError> {
-        let node = self
-            .nodes
-            .get(&self.node)
-            .await
-            .map_err(|e| ApiError::from_kube("GET", format!("nodes/{}", self.node), e))?;
+        let node = timed(
+            self.timeout,
+            "GET",
+            format!("nodes/{}", self.node),
+            self.nodes.get(&self.node),
+        )
+        .await?;
         let uid = node.metadata.uid.clone().unwrap_or_default();
         let conditions =
             serde_json::to_value(node.status.and_then(|s| s.conditions).unwrap_or_default())
@@ -196,11 +229,15 @@ impl NodeApi {
 
     /// Strategic-merge PATCH of `nodes/NAME/status`.
     pub async fn patch_status(&self, body: &serde_json::Value) -> Result<(), ApiError> {
-        self.nodes
-            .patch_status(&self.node, &PatchParams::default(), &Patch::Strategic(body))
-            .await
-            .map(|_| ())
-            .map_err(|e| ApiError::from_kube("PATCH", format!("nodes/{}/status", self.node), e))
+        timed(
+            self.timeout,
+            "PATCH",
+            format!("nodes/{}/status", self.node),
+            self.nodes
+                .patch_status(&self.node, &PatchParams::default(), &Patch::Strategic(body)),
+        )
+        .await
+        .map(|_| ())
     }
 
     /// POST an Event.
@@ -216,20 +253,21 @@ impl NodeApi {
             reason: "Encode".into(),
             message: e.to_string(),
         })?;
-        self.events
-            .create(&PostParams::default(), &typed)
-            .await
-            .map(|_| ())
-            .map_err(|e| ApiError::from_kube("POST", "namespaces/default/events".into(), e))
+        timed(
+            self.timeout,
+            "POST",
+            "namespaces/default/events".into(),
+            self.events.create(&PostParams::default(), &typed),
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Pods on this node: `(uid, namespace, name)`.
     pub async fn pods_on_node(&self) -> Result<Vec<(String, String, String)>, ApiError> {
         let pods: Api<Pod> = Api::all(self.events.clone().into_client());
-        let list = pods
-            .list(&ListParams::default().fields(&format!("spec.nodeName={}", self.node)))
-            .await
-            .map_err(|e| ApiError::from_kube("LIST", "pods".into(), e))?;
+        let params = ListParams::default().fields(&format!("spec.nodeName={}", self.node));
+        let list = timed(self.timeout, "LIST", "pods".into(), pods.list(&params)).await?;
         Ok(list
             .items
             .into_iter()
@@ -257,31 +295,40 @@ impl NodeApi {
             message: e.to_string(),
         })?;
         let events: Api<Event> = Api::namespaced(self.events.clone().into_client(), namespace);
-        events
-            .create(&PostParams::default(), &typed)
-            .await
-            .map(|_| ())
-            .map_err(|e| ApiError::from_kube("POST", format!("namespaces/{namespace}/events"), e))
+        timed(
+            self.timeout,
+            "POST",
+            format!("namespaces/{namespace}/events"),
+            events.create(&PostParams::default(), &typed),
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Cordon the node (`spec.unschedulable = true`).
     pub async fn cordon(&self) -> Result<(), ApiError> {
         let body = serde_json::json!({ "spec": { "unschedulable": true } });
-        self.nodes
-            .patch(&self.node, &PatchParams::default(), &Patch::Merge(&body))
-            .await
-            .map(|_| ())
-            .map_err(|e| ApiError::from_kube("PATCH", format!("nodes/{}", self.node), e))
+        timed(
+            self.timeout,
+            "PATCH",
+            format!("nodes/{}", self.node),
+            self.nodes
+                .patch(&self.node, &PatchParams::default(), &Patch::Merge(&body)),
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Merge-PATCH an Event (count, timestamps, message).
     pub async fn patch_event(&self, name: &str, body: &serde_json::Value) -> Result<(), ApiError> {
-        self.events
-            .patch(name, &PatchParams::default(), &Patch::Merge(body))
-            .await
-            .map(|_| ())
-            .map_err(|e| {
-                ApiError::from_kube("PATCH", format!("namespaces/default/events/{name}"), e)
-            })
+        timed(
+            self.timeout,
+            "PATCH",
+            format!("namespaces/default/events/{name}"),
+            self.events
+                .patch(name, &PatchParams::default(), &Patch::Merge(body)),
+        )
+        .await
+        .map(|_| ())
     }
 }

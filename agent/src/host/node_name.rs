@@ -1,0 +1,171 @@
+//! This node's Kubernetes name, and where it came from.
+//!
+//! The kubelet registers the Node under its `--hostname-override` when nodeadm passes one
+//! (the EC2 private DNS name, or the instance id under nodeadm's `InstanceIdNodeName` gate;
+//! custom DHCP domains make it differ from the kernel hostname). The agent starts before the
+//! kubelet, so the name is resolved when it is needed and again when the API server says the
+//! name is wrong; in order:
+//! 1. `node_name` from the config (an explicit override);
+//! 2. the running kubelet's `--hostname-override` (procfs), the truth once the kubelet runs;
+//! 3. nodeadm's kubelet environment file (`NODEADM_KUBELET_ARGS=...`), written before the
+//!    kubelet starts;
+//! 4. the kernel hostname.
+
+use std::path::Path;
+
+pub use crate::model::{NameSource, NodeName};
+
+/// Resolve the node name (see the module doc for the order).
+pub fn resolve(configured: &str, procfs_root: &Path, kubelet_environment: &Path) -> NodeName {
+    let named = |name: String, source| NodeName { name, source };
+    if !configured.is_empty() {
+        return named(configured.to_string(), NameSource::Config);
+    }
+    if let Some(name) = kubelet_hostname_override(procfs_root) {
+        return named(name, NameSource::KubeletCommandLine);
+    }
+    if let Some(name) = std::fs::read_to_string(kubelet_environment)
+        .ok()
+        .and_then(|text| environment_override(&text))
+    {
+        return named(name, NameSource::NodeadmEnvironment);
+    }
+    let hostname = std::fs::read_to_string(procfs_root.join("sys/kernel/hostname"))
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_string());
+    named(hostname, NameSource::Hostname)
+}
+
+/// `--hostname-override` in an argument list (`--flag=value` or `--flag value`).
+fn override_in<'a>(mut args: impl Iterator<Item = &'a str>) -> Option<String> {
+    while let Some(arg) = args.next() {
+        let value = if let Some(v) = arg.strip_prefix("--hostname-override=") {
+            Some(v)
+        } else if arg == "--hostname-override" {
+            args.next()
+        } else {
+            continue;
+        };
+        return value
+            .map(|v| v.trim_matches(|c| c == '"' || c == '\'').to_string())
+            .filter(|v| !v.is_empty());
+    }
+    None
+}
+
+/// The running kubelet's `--hostname-override`, from its command line in procfs.
+fn kubelet_hostname_override(procfs_root: &Path) -> Option<String> {
+    for entry in std::fs::read_dir(procfs_root).ok()?.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let is_kubelet = args
+            .first()
+            .is_some_and(|a| a.ends_with("/kubelet") || a == "kubelet");
+        if is_kubelet {
+            return override_in(args.iter().map(String::as_str));
+        }
+    }
+    None
+}
+
+/// `--hostname-override` in an environment file's variables (`NODEADM_KUBELET_ARGS="..."`,
+/// or any other variable holding kubelet flags).
+fn environment_override(text: &str) -> Option<String> {
+    text.lines()
+        .filter_map(|line| line.trim().split_once('='))
+        .find_map(|(_, value)| {
+            let value = value.trim().trim_matches(|c| c == '"' || c == '\'');
+            override_in(value.split_whitespace())
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn procfs(kubelet: Option<&[&str]>, hostname: &str) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(dir.path().join("sys/kernel")).expect("dirs");
+        std::fs::write(dir.path().join("sys/kernel/hostname"), hostname).expect("hostname");
+        std::fs::create_dir_all(dir.path().join("1")).expect("pid 1");
+        std::fs::write(dir.path().join("1/cmdline"), "/sbin/init\0").expect("cmdline");
+        if let Some(args) = kubelet {
+            std::fs::create_dir_all(dir.path().join("4242")).expect("kubelet pid");
+            std::fs::write(dir.path().join("4242/cmdline"), args.join("\0")).expect("cmdline");
+        }
+        dir
+    }
+
+    #[test]
+    fn order_config_kubelet_environment_hostname() {
+        let env_dir = tempfile::tempdir().expect("tempdir");
+        let env = env_dir.path().join("environment");
+        std::fs::write(
+            &env,
+            "NODEADM_KUBELET_ARGS=\"--node-ip=10.0.1.23 --hostname-override=ip-10-0-1-23.ec2.internal --cloud-provider=external\"\n",
+        )
+        .expect("env");
+        let kubelet = [
+            "/usr/bin/kubelet",
+            "--config",
+            "/etc/kubernetes/kubelet/config.json",
+            "--hostname-override",
+            "i-0abc123",
+        ];
+        let with_kubelet = procfs(Some(&kubelet), "gpu-host\n");
+        let no_kubelet = procfs(None, "gpu-host\n");
+        let resolved = |configured, root: &tempfile::TempDir, env: &Path| {
+            let n = resolve(configured, root.path(), env);
+            (n.name, n.source)
+        };
+        assert_eq!(
+            resolved("pinned", &with_kubelet, &env),
+            ("pinned".into(), NameSource::Config)
+        );
+        assert_eq!(
+            resolved("", &with_kubelet, &env),
+            ("i-0abc123".into(), NameSource::KubeletCommandLine)
+        );
+        assert_eq!(
+            resolved("", &no_kubelet, &env),
+            (
+                "ip-10-0-1-23.ec2.internal".into(),
+                NameSource::NodeadmEnvironment
+            )
+        );
+        assert_eq!(
+            resolved("", &no_kubelet, &env_dir.path().join("absent")),
+            ("gpu-host".into(), NameSource::Hostname)
+        );
+    }
+
+    #[test]
+    fn flag_forms() {
+        assert_eq!(
+            override_in(["--hostname-override=a.b"].into_iter()),
+            Some("a.b".into())
+        );
+        assert_eq!(
+            override_in(["--hostname-override", "a.b"].into_iter()),
+            Some("a.b".into())
+        );
+        assert_eq!(override_in(["--hostname-override="].into_iter()), None);
+        assert_eq!(override_in(["--hostname-override"].into_iter()), None);
+        assert_eq!(
+            environment_override("# comment\nNODEADM_KUBELET_ARGS='--v=2 --hostname-override=x'"),
+            Some("x".into())
+        );
+        assert_eq!(environment_override("NODEADM_KUBELET_ARGS=--v=2"), None);
+    }
+}
