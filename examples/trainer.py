@@ -6,6 +6,10 @@ signal, as soon as a Spot notice, scheduled maintenance, a Capacity Block's end 
 shutdown is known. The handler only sets a flag: the checkpoint is written at the next step
 boundary, where the model and optimizer state are consistent.
 
+It also checks gpu-agent's notice file each step (/run/gpu-agent/notice.json, present only
+while an ending is pending): a job that polls (rank 0 only, Ray, Metaflow-style loops) needs
+no signal handler at all. Either path checkpoints once: the file names the ending by id.
+
 Run it (no GPU needed for the demo):  python3 examples/trainer.py --steps 1000
 Test the handler without a real notice:  sudo gpu-agent drill checkpoint
 """
@@ -16,6 +20,16 @@ import signal
 import time
 
 checkpoint_requested = False
+NOTICE_FILE = "/run/gpu-agent/notice.json"
+
+
+def pending_ending(path=NOTICE_FILE):
+    """The ending gpu-agent has acted on, or None: {"id", "kind", "deadline_unix", ...}."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
 
 
 def request_checkpoint(signum, frame):
@@ -40,6 +54,7 @@ def main():
     parser.add_argument("--checkpoint", default="checkpoint.json")
     parser.add_argument("--exit-after-checkpoint", action="store_true",
                         help="stop after the checkpoint (the instance is going away)")
+    parser.add_argument("--notice-file", default=NOTICE_FILE)
     args = parser.parse_args()
 
     signal.signal(signal.SIGUSR1, request_checkpoint)
@@ -52,10 +67,18 @@ def main():
         print(f"resumed from step {step}", flush=True)
 
     global checkpoint_requested
+    handled_ending = None
     while step < args.steps:
         time.sleep(0.05)  # one training step
         state["loss"] *= 0.999
         step += 1
+        # Polling path: the same ending (same id) is acted on once.
+        ending = pending_ending(args.notice_file)
+        if ending and ending["id"] != handled_ending:
+            handled_ending = ending["id"]
+            left = ending["deadline_unix"] - time.time()
+            print(f"{ending['kind']} ending in {left:.0f} s: checkpointing", flush=True)
+            checkpoint_requested = True
         if checkpoint_requested:
             save_checkpoint(args.checkpoint, step, state)
             checkpoint_requested = False

@@ -238,6 +238,15 @@ impl Host {
             // A test that needs real processes (checkpoint targets) sets its own [procfs].
             procfs = if extra.contains("[procfs]") { String::new() } else { format!("[procfs]\nroot = {:?}\n\n", self.procfs()) },
         );
+        // The notice file goes into this host's directory, never the machine's /run.
+        let notice = format!("notice_file = {:?}\n", self.dir.path().join("notice.json"));
+        let text = if extra.contains("notice_file") {
+            text
+        } else if text.contains("[checkpoint]\n") {
+            text.replacen("[checkpoint]\n", &format!("[checkpoint]\n{notice}"), 1)
+        } else {
+            format!("{text}\n[checkpoint]\n{notice}")
+        };
         // Tests inject fault lines from userspace (as root, through /dev/kmsg): a test rig
         // that replays lines, unless the test sets its own [kmsg].
         let text = if extra.contains("[kmsg]") {

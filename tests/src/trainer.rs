@@ -9,16 +9,31 @@ const TRAINER: &str = r#"
 import os, signal, sys, time
 mode, marker, device = sys.argv[1], sys.argv[2], sys.argv[3]
 held = open(device) if device != "-" else None
+got = []
 def handler(signum, frame):
+    got.append(signum)
     with open(marker, "a") as f:
         f.write(signal.Signals(signum).name + "\n")
-if mode == "usr1":
+if mode.startswith("usr1"):
     signal.signal(signal.SIGUSR1, handler)
 elif mode == "usr2":
     signal.signal(signal.SIGUSR2, handler)
+if mode == "usr1-fork":
+    # A DataLoader-style worker: forked after the handler was installed, holding the same
+    # device file; it records what it gets in its own file.
+    if os.fork() == 0:
+        marker = marker + ".child"
+        open(marker + ".ready", "w").close()
+        while True:
+            time.sleep(0.02)
+    while not os.path.exists(marker + ".child.ready"):
+        time.sleep(0.01)
 open(marker + ".ready", "w").close()
 while True:
     time.sleep(0.02)
+    if mode == "usr1-exit" and got:
+        time.sleep(3)  # writing the checkpoint
+        sys.exit(0)
 "#;
 
 /// A running trainer process.
@@ -29,7 +44,9 @@ pub struct Trainer {
 }
 
 impl Trainer {
-    /// Start one: `mode` is usr1, usr2 or none; `device` is held open.
+    /// Start one: `mode` is usr1, usr2, none, usr1-exit (exits 3 s after SIGUSR1, as after
+    /// writing a checkpoint) or usr1-fork (forks a worker that inherits the handler and the
+    /// device); `device` is held open.
     pub fn start(
         dir: &Path,
         name: &str,
@@ -40,14 +57,16 @@ impl Trainer {
         let script = dir.join("trainer.py");
         std::fs::write(&script, TRAINER).expect("script");
         let marker = dir.join(format!("{name}.signals"));
-        let child = Command::new("python3")
-            .arg(&script)
-            .arg(mode)
-            .arg(&marker)
-            .arg(device.map_or_else(|| "-".into(), |d| d.to_string_lossy().into_owned()))
-            .envs(env.iter().copied())
-            .spawn()
-            .expect("python3");
+        // Its own process group, so a forked worker goes with it.
+        let child =
+            std::os::unix::process::CommandExt::process_group(&mut Command::new("python3"), 0)
+                .arg(&script)
+                .arg(mode)
+                .arg(&marker)
+                .arg(device.map_or_else(|| "-".into(), |d| d.to_string_lossy().into_owned()))
+                .envs(env.iter().copied())
+                .spawn()
+                .expect("python3");
         let ready = marker.with_extension("signals.ready");
         let deadline = Instant::now() + Duration::from_secs(10);
         while !ready.exists() {
@@ -66,6 +85,15 @@ impl Trainer {
             .collect()
     }
 
+    /// Signals its forked worker (`usr1-fork`) received, in order.
+    pub fn child_signals(&self) -> Vec<String> {
+        std::fs::read_to_string(self.marker.with_extension("signals.child"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
     /// Still running?
     pub fn alive(&mut self) -> bool {
         self.child.try_wait().expect("wait").is_none()
@@ -74,6 +102,9 @@ impl Trainer {
 
 impl Drop for Trainer {
     fn drop(&mut self) {
+        if let Some(group) = rustix::process::Pid::from_raw(self.child.id() as i32) {
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

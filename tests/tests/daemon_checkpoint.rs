@@ -14,10 +14,16 @@ fn config(host: &Host, imds: &FakeImds, extra: &str) -> PathBuf {
     config_with(host, imds, false, extra)
 }
 
+/// `extra` lines before its first table go at the top (`node_name`), the rest after the
+/// `[checkpoint]` keys (so its own first keys are checkpoint keys too).
 fn config_with(host: &Host, imds: &FakeImds, opt_in: bool, extra: &str) -> PathBuf {
     let dev = host.dir.path().join("dev");
+    let (top, rest) = match extra.split_once("\n[") {
+        Some((top, rest)) if top.starts_with("node_name") => (top, format!("[{rest}")),
+        _ => ("", extra.to_string()),
+    };
     host.config(&format!(
-        "[procfs]\nroot = \"/proc\"\n[imds]\nendpoint = {:?}\npoll_interval = \"200ms\"\n[checkpoint]\ndevice_glob = \"{}/nvidia[0-9]*\"\nopt_in_env = {opt_in}\n{extra}",
+        "{top}\n[procfs]\nroot = \"/proc\"\n[imds]\nendpoint = {:?}\npoll_interval = \"200ms\"\n[checkpoint]\ndevice_glob = \"{}/nvidia[0-9]*\"\nopt_in_env = {opt_in}\n{rest}",
         imds.endpoint(),
         dev.display()
     ))
@@ -118,14 +124,18 @@ fn a_spot_notice_signals_handlers_once_and_never_a_process_without_one() {
         ["SIGUSR1"],
         "same notice, no second signal"
     );
-    // A changed notice signals again.
+    // A changed notice for the same ending (new action and time) is acted on, covered by the
+    // first signal (also across the restart): one ending, one signal.
     let later = rfc3339(SystemTime::now() + Duration::from_secs(100));
     imds.set_spot(Some(&format!(r#"{{"action": "stop", "time": "{later}"}}"#)));
-    wait(
-        Duration::from_secs(5),
-        "second signal for the new notice",
-        || handler.signals().len() == 2,
-    );
+    let s = agent.wait_for(Duration::from_secs(5), |s| {
+        s["checkpoints"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|r| !r["covered_by"].is_null()))
+    });
+    assert_eq!(s["pending_end"]["deadline"], later.as_str());
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(handler.signals(), ["SIGUSR1"], "one ending, one signal");
     assert!(bystander.alive());
     assert!(agent.stop().success());
 }
@@ -207,18 +217,22 @@ fn off_ec2_the_imds_source_is_off_without_touching_the_network() {
 }
 
 #[test]
-fn host_shutdown_holds_logind_until_the_targets_are_signalled() {
+fn host_shutdown_is_held_until_the_trainer_has_checkpointed_and_exited() {
     use gpu_agent_e2e::logind::FakeLogind;
     let host = Host::new();
     let imds = FakeImds::start();
     let logind = FakeLogind::start(host.dir.path());
     let gpu = gpu_device(host.dir.path(), "nvidia2");
-    let handler = Trainer::start(host.dir.path(), "handler", "usr1", Some(&gpu), &[]);
+    // Takes 3 s to write its checkpoint after SIGUSR1, then exits.
+    let mut trainer = Trainer::start(host.dir.path(), "handler", "usr1-exit", Some(&gpu), &[]);
     let agent = Agent::start(
         &config(
             &host,
             &imds,
-            &format!("[logind]\nbus_address = {:?}\n", logind.address),
+            &format!(
+                "[logind]\nbus_address = {:?}\nmax_delay = \"30s\"\n",
+                logind.address
+            ),
         ),
         &host.socket(),
     );
@@ -235,18 +249,154 @@ fn host_shutdown_holds_logind_until_the_targets_are_signalled() {
     );
 
     logind.prepare_for_shutdown(true);
-    wait(Duration::from_secs(5), "the lock released", || {
+    wait(Duration::from_secs(5), "the signal", || {
+        trainer.signals() == ["SIGUSR1"]
+    });
+    // Checkpointing: the shutdown waits, and status says for whom.
+    let s = agent.wait_for(Duration::from_secs(2), |s| {
+        s["pending_end"]["waiting_for"]
+            .as_array()
+            .is_some_and(|w| w.len() == 1)
+    });
+    assert_eq!(s["pending_end"]["waiting_for"][0], trainer.child.id());
+    let (_, text) = agent.status(false);
+    assert!(text.contains("Waiting for 1 signalled processes"), "{text}");
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        !logind.held().is_empty(),
+        "released before the trainer finished"
+    );
+    // The trainer exits: the lock goes at once, long before the 30 s cap.
+    wait(Duration::from_secs(10), "the trainer to exit", || {
+        !trainer.alive()
+    });
+    let released = wait(Duration::from_secs(3), "the lock released", || {
         logind.held().is_empty()
     });
-    assert_eq!(
-        handler.signals(),
-        ["SIGUSR1"],
-        "signalled before the lock was released"
+    assert!(
+        released < Duration::from_secs(3),
+        "not held to the 60 s cap"
     );
-    let s = agent.wait_for(Duration::from_secs(2), |s| {
-        s["pending_end"]["kind"] == "shutdown"
+    assert!(agent.stop().success());
+}
+
+#[test]
+fn a_spot_notice_then_the_shutdown_signal_once_and_the_notice_file_comes_and_goes() {
+    use gpu_agent_e2e::logind::FakeLogind;
+    let host = Host::new();
+    let imds = FakeImds::start();
+    let logind = FakeLogind::start(host.dir.path());
+    let gpu = gpu_device(host.dir.path(), "nvidia3");
+    let trainer = Trainer::start(host.dir.path(), "handler", "usr1", Some(&gpu), &[]);
+    let notice_file = host.dir.path().join("run/notice.json");
+    let agent = Agent::start(
+        &config(
+            &host,
+            &imds,
+            &format!(
+                "notice_file = {notice_file:?}\nhold = \"1s\"\n[logind]\nbus_address = {:?}\n",
+                logind.address
+            ),
+        ),
+        &host.socket(),
+    );
+    assert!(!notice_file.exists(), "nothing pending, no file");
+    let deadline = rfc3339(SystemTime::now() + Duration::from_secs(120));
+    imds.set_spot(Some(&format!(
+        r#"{{"action": "terminate", "time": "{deadline}"}}"#
+    )));
+    wait(Duration::from_secs(5), "the Spot signal", || {
+        trainer.signals() == ["SIGUSR1"]
     });
-    assert_eq!(s["pending_end"]["signalled"], 1);
+    wait(Duration::from_secs(5), "the notice file", || {
+        notice_file.exists()
+    });
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&notice_file).expect("read")).expect("json");
+    assert_eq!(
+        (written["kind"].as_str(), written["signal"].as_str()),
+        (Some("spot"), Some("SIGUSR1")),
+        "{written}"
+    );
+    assert_eq!(written["deadline"], deadline.as_str());
+    assert!(written["seconds_left"]
+        .as_u64()
+        .is_some_and(|s| s > 100 && s <= 120));
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&notice_file)
+        .expect("meta")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o644, "world-readable");
+
+    // Two minutes later the host shuts down: the same ending, no second signal.
+    logind.prepare_for_shutdown(true);
+    wait(Duration::from_secs(5), "the shutdown handled", || {
+        logind.held().is_empty()
+    });
+    let s = agent.snapshot().expect("snapshot");
+    let covered = s["checkpoints"]
+        .as_array()
+        .and_then(|c| {
+            c.iter().find(|r| {
+                r["notice_id"]
+                    .as_str()
+                    .is_some_and(|i| i.starts_with("shutdown"))
+            })
+        })
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        covered["covered_by"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("spot")),
+        "{covered}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(trainer.signals(), ["SIGUSR1"], "one ending, one signal");
+
+    // The notice goes (a cancelled shutdown, no Spot notice): the file goes too.
+    logind.prepare_for_shutdown(false);
+    imds.set_spot(None);
+    wait(Duration::from_secs(5), "the notice file removed", || {
+        !notice_file.exists()
+    });
+    assert!(agent.stop().success());
+}
+
+#[test]
+fn only_the_topmost_process_of_a_forked_trainer_is_signalled() {
+    let host = Host::new();
+    let imds = FakeImds::start();
+    let gpu = gpu_device(host.dir.path(), "nvidia4");
+    let trainer = Trainer::start(host.dir.path(), "forked", "usr1-fork", Some(&gpu), &[]);
+    let config = config(&host, &imds, "");
+    let (code, out, _) = cli(&[
+        "--config",
+        &config.to_string_lossy(),
+        "drill",
+        "checkpoint",
+        "--dry-run",
+    ]);
+    assert_eq!(code, 0);
+    assert!(
+        out.lines()
+            .any(|l| l.contains(&format!("child of target {}", trainer.child.id()))),
+        "the forked worker is explained as a child of its target: {out}"
+    );
+    let agent = Agent::start(&config, &host.socket());
+    imds.set_spot(Some(
+        r#"{"action": "terminate", "time": "2099-01-01T00:00:00Z"}"#,
+    ));
+    wait(Duration::from_secs(5), "the Spot signal", || {
+        trainer.signals() == ["SIGUSR1"]
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        trainer.child_signals().is_empty(),
+        "the forked worker was signalled: {:?}",
+        trainer.child_signals()
+    );
     assert!(agent.stop().success());
 }
 
@@ -258,15 +408,21 @@ fn a_capacity_block_end_fires_at_end_minus_30_minutes_minus_lead_and_iam_errors_
     let ec2 = FakeEc2::start();
     let gpu = gpu_device(host.dir.path(), "nvidia3");
     let handler = Trainer::start(host.dir.path(), "handler", "usr1", Some(&gpu), &[]);
-    // Termination starts at EndDate - 30 min; with a 2 s lead the signal is due 2 s from now.
-    let end = SystemTime::now() + Duration::from_secs(30 * 60 + 4);
+    let api = gpu_agent_e2e::kube_api::KubeApi::start(&["cb-node"]);
+    // Termination starts at EndDate - 30 min; with a 2 s lead the signal is due 6 s from now.
+    let end = SystemTime::now() + Duration::from_secs(30 * 60 + 8);
     {
         let mut s = ec2.state.lock().expect("state");
         s.reservation_id = Some("cr-0a1b2c3d4e5f67890".into());
         s.reservation = Some(("capacity-block".into(), rfc3339(end)));
     }
-    let extra = format!("[checkpoint.lead]\ncapacity-block = \"2s\"\n[ec2]\nendpoint = {:?}\npoll_interval = \"1s\"\n", ec2.endpoint());
-    let config = config(&host, &imds, &extra);
+    let extra = format!(
+        "[checkpoint.lead]\ncapacity-block = \"2s\"\n[ec2]\nendpoint = {:?}\npoll_interval = \"1s\"\n\
+         [kubernetes]\nkubeconfig = {:?}\n",
+        ec2.endpoint(),
+        api.kubeconfig(host.dir.path())
+    );
+    let config = config(&host, &imds, &format!("node_name = \"cb-node\"\n{extra}"));
     let agent = Agent::start_with_env(
         &config,
         &host.socket(),
@@ -286,11 +442,26 @@ fn a_capacity_block_end_fires_at_end_minus_30_minutes_minus_lead_and_iam_errors_
         "{}",
         s["pending_end"]
     );
+    // Known but not yet acted on: InterruptionPending stays False, naming the end.
     wait(
-        Duration::from_secs(8),
+        Duration::from_secs(5),
+        "InterruptionPending False with the known end",
+        || {
+            api.condition("cb-node", "InterruptionPending")
+                .is_some_and(|c| c["status"] == "False" && c["reason"] == "CapacityBlockScheduled")
+        },
+    );
+    assert!(handler.signals().is_empty());
+    wait(
+        Duration::from_secs(12),
         "signal at end - 30 min - lead",
         || handler.signals() == ["SIGUSR1"],
     );
+    // From deadline - lead, when the signal fires: True.
+    wait(Duration::from_secs(3), "InterruptionPending True", || {
+        api.condition("cb-node", "InterruptionPending")
+            .is_some_and(|c| c["status"] == "True" && c["reason"] == "CapacityBlockPending")
+    });
     let actions = ec2.state.lock().expect("state").actions.clone();
     assert!(
         actions.starts_with(&[

@@ -126,7 +126,8 @@ fn a_gpu_nodes_life_never_condemns_it_and_never_silences_the_agent() {
     let imds = FakeImds::start();
     let logind = FakeLogind::start(host.dir.path());
     let gpu = gpu_device(host.dir.path(), "nvidia0");
-    let trainer = Trainer::start(host.dir.path(), "trainer", "usr1", Some(&gpu), &[]);
+    // Checkpoints for 3 s after SIGUSR1, then exits (the instance is going away).
+    let trainer = Trainer::start(host.dir.path(), "trainer", "usr1-exit", Some(&gpu), &[]);
 
     // Boot: nodeadm's config phase wrote the kubeconfig; the kubelet is not running yet, and
     // Fabric Manager has not trained the NVLinks.
@@ -297,15 +298,23 @@ fn a_gpu_nodes_life_never_condemns_it_and_never_silences_the_agent() {
     wait_until(Duration::from_secs(10), "the shutdown handled", || {
         logind.held().is_empty()
     });
-    agent.wait_for(Duration::from_secs(2), |s| {
+    let s = agent.wait_for(Duration::from_secs(2), |s| {
         s["checkpoints"].as_array().is_some_and(|c| {
             c.iter().any(|r| {
                 r["notice_id"]
                     .as_str()
-                    .is_some_and(|id| id.contains("shutdown"))
+                    .is_some_and(|id| id.starts_with("shutdown"))
+                    && r["covered_by"]
+                        .as_str()
+                        .is_some_and(|b| b.starts_with("spot"))
             })
         })
     });
+    assert_eq!(
+        trainer.signals(),
+        ["SIGUSR1"],
+        "one ending, one signal: {s}"
+    );
 
     // Throughout: only the kubelet's node was written, and its hardware condition never
     // went False.

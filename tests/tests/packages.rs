@@ -168,6 +168,26 @@ fn deb_installs_and_runs_on_a_real_systemd_boot() {
         std::thread::sleep(Duration::from_millis(100));
     }
 
+    // The service's unprivileged DynamicUser may take logind's shutdown delay lock: a host
+    // shutdown waits for the checkpoint (not only against the fake logind).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let list = container.stdout(&["systemd-inhibit", "--list", "--no-pager"]);
+        if list
+            .lines()
+            .any(|l| l.contains("gpu-agent") && l.contains("shutdown") && l.contains("delay"))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no gpu-agent delay lock: {list}\n{}\n{}",
+            container.stdout(&["gpu-agent", "status"]),
+            container.stdout(&["journalctl", "-b", "--no-pager", "-n", "40"])
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
     // The Status: line says what the agent sees: no GPUs here.
     let status_text = || container.stdout(&["systemctl", "show", "-P", "StatusText", "gpu-agent"]);
     let before = wait(10, "a status line", || {

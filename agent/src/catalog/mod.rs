@@ -234,6 +234,15 @@ pub fn classify_sxid(code: u32, line_fatal: Option<bool>) -> Classification {
     }
 }
 
+/// The Xid an Xid reports the end of, where the driver prints a pair: Xid 162 (the power
+/// smoothing circuitry re-engaged) clears Xid 163 (disengaged) on the same GPU.
+pub fn clears(code: u32) -> Option<u32> {
+    match code {
+        162 => Some(163),
+        _ => None,
+    }
+}
+
 /// Classify "GPU has fallen off the bus" reported without an Xid line: the same as Xid 79.
 pub fn classify_fallen_off_bus() -> Classification {
     classify_xid(79, "", DriverBranch::Unknown)

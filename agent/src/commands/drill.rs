@@ -44,7 +44,7 @@ pub fn checkpoint(loaded: &Loaded, dry_run: bool) -> anyhow::Result<u8> {
         detail: "gpu-agent drill checkpoint".into(),
         source: SourceKind::Logind,
     };
-    let (signalled, skipped) = checkpoint::signal_targets(&selection, &notice, None);
+    let (signalled, skipped) = checkpoint::signal_targets(&selection, &notice, &[], None);
     println!("\ndrill: {} signalled, {skipped} skipped", signalled.len());
     Ok(0)
 }

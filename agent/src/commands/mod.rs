@@ -55,12 +55,33 @@ impl HostFacts {
 
     /// An empty health model for this host.
     pub fn model(&self, config: &Config) -> HealthModel {
-        HealthModel::new(
+        let mut model = HealthModel::new(
             &self.node_name,
             &self.boot_id,
             self.devices.clone(),
             config.kmsg.repeat_log_interval.0,
-        )
+        );
+        model.set_leads(Self::leads(config));
+        model.set_escalation(
+            config.escalate_after_boots,
+            config.escalate_after_repeats,
+            config.escalate_window.0,
+        );
+        model
+    }
+
+    /// How long before its deadline each notice kind is acted on (`[checkpoint.lead]`).
+    pub fn leads(config: &Config) -> std::collections::HashMap<crate::model::NoticeKind, Duration> {
+        use crate::model::NoticeKind;
+        let lead = &config.checkpoint.lead;
+        [
+            (
+                NoticeKind::ScheduledMaintenance,
+                lead.scheduled_maintenance.0,
+            ),
+            (NoticeKind::CapacityBlock, lead.capacity_block.0),
+        ]
+        .into()
     }
 
     /// Checkpoint target selection from the config.

@@ -153,18 +153,17 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
         let settings = checkpoint::Settings {
             selection: HostFacts::checkpoint_selection(&config),
             triggers: c.triggers.clone(),
-            lead: [
-                (
-                    NoticeKind::ScheduledMaintenance,
-                    c.lead.scheduled_maintenance.0,
-                ),
-                (NoticeKind::CapacityBlock, c.lead.capacity_block.0),
-            ]
-            .into(),
+            lead: HostFacts::leads(&config),
             state_file: config.state_dir.join("checkpoint.json"),
             #[cfg(feature = "clients")]
             kubernetes: kubernetes.clone(),
             cordon: c.cordon,
+            windows: checkpoint::Windows {
+                ending: c.ending_window.0,
+                incident: c.incident_window.0,
+            },
+            hold: checkpoint_hold(&config),
+            notice_file: Some(c.notice_file.clone()).filter(|p| !p.as_os_str().is_empty()),
         };
         let metrics = checkpoint::CheckpointMetrics::register(&mut registry);
         tokio::spawn(checkpoint::run(
@@ -224,6 +223,18 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
     }
     tracing::info!("Stopped.");
     Ok(0)
+}
+
+/// `[checkpoint] hold`, at most `[logind] max_delay`: the shutdown lock goes by then anyway
+/// (a config from before the hold existed may still say `max_delay = "5s"`).
+fn checkpoint_hold(config: &crate::config::Config) -> Duration {
+    let hold = config.checkpoint.hold.0;
+    let cap = config.logind.max_delay.0;
+    if config.logind.enabled && hold > cap {
+        tracing::warn!(?hold, max_delay = ?cap, "[checkpoint] hold is longer than [logind] max_delay; a shutdown waits at most max_delay.");
+        return cap;
+    }
+    hold
 }
 
 /// The node-conditions sink (conditions and Node Events), when `[kubernetes]` is on.

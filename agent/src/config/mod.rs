@@ -63,6 +63,11 @@ pub struct Config {
     /// A fatal fault that a reset or reboot should fix, seen in this many boots, escalates to
     /// replace.
     pub escalate_after_boots: u32,
+    /// The same fatal reset/reboot fault on the same GPU in this many separate episodes
+    /// (occurrences at least a minute apart) within `escalate_window` escalates to replace.
+    pub escalate_after_repeats: u32,
+    /// The window of `escalate_after_repeats`.
+    pub escalate_window: HumanDuration,
     /// The status socket.
     pub status: StatusConfig,
     /// The kernel-log source.
@@ -111,6 +116,19 @@ pub struct CheckpointConfig {
     /// Also cordon the node on a notice (for clusters without a termination handler; needs
     /// patch on nodes).
     pub cordon: bool,
+    /// An ending of the instance already signalled covers a later ending within this window
+    /// (a shutdown after a Spot notice or a Capacity Block end): one ending, one signal.
+    pub ending_window: HumanDuration,
+    /// Fatal faults within this window of a fatal fault already signalled are the same
+    /// incident (`fatal-fault` trigger): one incident, one signal.
+    pub incident_window: HumanDuration,
+    /// After a signal, how long the agent waits for the signalled processes to finish; a
+    /// host shutdown is held this long at most (keep it under logind's
+    /// `InhibitDelayMaxSec` and `[logind] max_delay`).
+    pub hold: HumanDuration,
+    /// The current ending as JSON, for trainers that poll instead of taking a signal
+    /// (world-readable, replaced atomically, absent when nothing is pending); empty: off.
+    pub notice_file: PathBuf,
 }
 
 /// `[checkpoint.lead]`.
@@ -127,7 +145,7 @@ impl Default for LeadConfig {
     fn default() -> Self {
         Self {
             scheduled_maintenance: HumanDuration(std::time::Duration::from_secs(600)),
-            capacity_block: HumanDuration(std::time::Duration::from_secs(600)),
+            capacity_block: HumanDuration(std::time::Duration::from_secs(900)),
         }
     }
 }
@@ -148,6 +166,10 @@ impl Default for CheckpointConfig {
             exclude: Vec::new(),
             opt_in_env: true,
             cordon: false,
+            ending_window: HumanDuration(std::time::Duration::from_secs(3600)),
+            incident_window: HumanDuration(std::time::Duration::from_secs(600)),
+            hold: HumanDuration(std::time::Duration::from_secs(50)),
+            notice_file: PathBuf::from("/run/gpu-agent/notice.json"),
         }
     }
 }
@@ -205,8 +227,8 @@ pub struct LogindConfig {
     pub enabled: bool,
     /// D-Bus system bus address; empty: the standard system bus.
     pub bus_address: String,
-    /// Longest the shutdown is delayed while targets are signalled (also capped by logind's
-    /// `InhibitDelayMaxSec`).
+    /// Longest the shutdown is delayed while targets are signalled and finish (also capped
+    /// by logind's `InhibitDelayMaxSec`, 60 s with the package's drop-in).
     pub max_delay: HumanDuration,
 }
 
@@ -215,7 +237,7 @@ impl Default for LogindConfig {
         Self {
             enabled: true,
             bus_address: String::new(),
-            max_delay: HumanDuration(std::time::Duration::from_secs(5)),
+            max_delay: HumanDuration(std::time::Duration::from_secs(60)),
         }
     }
 }
@@ -408,6 +430,8 @@ impl Default for Config {
             node_name: String::new(),
             state_dir: PathBuf::from("/var/lib/gpu-agent"),
             escalate_after_boots: 3,
+            escalate_after_repeats: 5,
+            escalate_window: HumanDuration(std::time::Duration::from_secs(24 * 3600)),
             status: StatusConfig::default(),
             kmsg: KmsgConfig::default(),
             sysfs: SysfsConfig::default(),
@@ -625,6 +649,12 @@ impl Config {
         }
         if self.imds.poll_interval.0 < std::time::Duration::from_millis(100) {
             return Err(invalid("imds.poll_interval", "must be at least 100ms"));
+        }
+        if self.escalate_after_repeats < 2 {
+            return Err(invalid(
+                "escalate_after_repeats",
+                "must be at least 2 (one episode is not a pattern)",
+            ));
         }
         if self.escalate_after_boots == 0 {
             return Err(invalid("escalate_after_boots", "must be at least 1"));

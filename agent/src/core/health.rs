@@ -42,10 +42,17 @@ pub struct HealthModel {
     checkpoints: HashMap<String, crate::model::CheckpointReport>,
     recurrence: BTreeMap<String, Vec<String>>,
     escalate_after_boots: usize,
+    escalate_after_repeats: usize,
+    escalate_window: Duration,
+    /// Episodes of each fatal fault (occurrences at least [`EPISODE_GAP`] apart).
+    episodes: HashMap<Key, Vec<SystemTime>>,
+    leads: HashMap<crate::model::NoticeKind, Duration>,
 }
 
 /// Boots remembered per fault for recurrence.
 const RECURRENCE_BOOTS: usize = 8;
+/// Occurrences of a fault closer together than this are one episode (a burst of lines).
+const EPISODE_GAP: Duration = Duration::from_secs(60);
 
 fn recurrence_key(key: &Key) -> String {
     serde_json::to_string(key).unwrap_or_default()
@@ -80,12 +87,24 @@ impl HealthModel {
             checkpoints: HashMap::new(),
             recurrence: BTreeMap::new(),
             escalate_after_boots: 3,
+            escalate_after_repeats: 5,
+            escalate_window: Duration::from_secs(24 * 3600),
+            episodes: HashMap::new(),
+            leads: HashMap::new(),
         }
     }
 
-    /// A fatal reset or reboot fault seen in this many boots escalates to replace.
-    pub fn set_escalate_after_boots(&mut self, boots: u32) {
+    /// How long before its deadline each kind of notice is acted on (`[checkpoint.lead]`).
+    pub fn set_leads(&mut self, leads: HashMap<crate::model::NoticeKind, Duration>) {
+        self.leads = leads;
+    }
+
+    /// A fatal reset or reboot fault seen in this many boots escalates to replace; so does
+    /// one seen in `repeats` separate episodes within `window` on the same component.
+    pub fn set_escalation(&mut self, boots: u32, repeats: u32, window: Duration) {
         self.escalate_after_boots = usize::try_from(boots.max(1)).unwrap_or(usize::MAX);
+        self.escalate_after_repeats = usize::try_from(repeats.max(2)).unwrap_or(usize::MAX);
+        self.escalate_window = window;
     }
 
     /// Record this boot for a fatal fault fixed by a reset or reboot; past the limit, a
@@ -108,10 +127,30 @@ impl HealthModel {
         }
         if boots.len() >= self.escalate_after_boots {
             fault.class.action = Action::Replace;
-            let note = format!(" [recurred in {} boots: escalated to replace]", boots.len());
-            if !fault.detail.ends_with(&note) {
-                fault.detail.push_str(&note);
-            }
+            fault.escalated = Some(format!(
+                "recurred in {} boots: a reset or reboot does not fix it",
+                boots.len()
+            ));
+            return;
+        }
+        // The same fault on the same GPU in separate episodes within the window.
+        let at = fault.last_seen;
+        let episodes = self.episodes.entry(key).or_default();
+        if episodes
+            .last()
+            .is_none_or(|last| at.duration_since(*last).is_ok_and(|gap| gap >= EPISODE_GAP))
+        {
+            episodes.push(at);
+        }
+        let window = self.escalate_window;
+        episodes.retain(|t| at.duration_since(*t).map_or(true, |age| age <= window));
+        if episodes.len() >= self.escalate_after_repeats {
+            fault.class.action = Action::Replace;
+            fault.escalated = Some(format!(
+                "{} episodes within {}: it keeps coming back on this GPU",
+                episodes.len(),
+                humantime::format_duration(window)
+            ));
         }
     }
 
@@ -299,6 +338,17 @@ impl HealthModel {
                 self.kmsg_cursor = Some(self.kmsg_cursor.map_or(cursor, |c| c.max(cursor)));
             }
         }
+        // A fault the driver reports the end of clears without an operator.
+        if let FaultCode::Xid(code) = report.code {
+            if let Some(cleared) = crate::catalog::clears(code) {
+                if let Some(gone) = self
+                    .faults
+                    .remove(&(report.component, FaultCode::Xid(cleared)))
+                {
+                    tracing::info!(fault = %gone.label(), by = %report.code, "Fault cleared by the driver's own all-clear.");
+                }
+            }
+        }
         let key = (report.component, report.code);
         if let Some(fault) = self.faults.get_mut(&key) {
             fault.count += 1;
@@ -328,6 +378,7 @@ impl HealthModel {
             count: 1,
             detail: report.detail,
             boot_id: self.boot_id.clone(),
+            escalated: None,
         };
         self.faults.insert(key, fault);
         self.track_recurrence(key);
@@ -389,11 +440,15 @@ impl HealthModel {
             .flatten()
             .filter(|n| n.kind.ends_instance())
             .min_by_key(|n| n.deadline)?;
+        let report = self.checkpoints.get(&n.id);
         Some(crate::model::PendingEnd {
             kind: n.kind.name().to_string(),
             deadline: n.deadline,
             detail: n.detail.clone(),
-            signalled: self.checkpoints.get(&n.id).map_or(0, |c| c.signalled),
+            signalled: report.map_or(0, |c| c.signalled),
+            act_at: n.act_at(self.leads.get(&n.kind).copied().unwrap_or_default()),
+            covered_by: report.and_then(|c| c.covered_by.clone()),
+            waiting_for: report.map(|c| c.waiting_for.clone()).unwrap_or_default(),
         })
     }
 
@@ -757,7 +812,13 @@ mod tests {
         m.apply(xid("0000:18:00", 79, 1));
         let f = &m.snapshot(KmsgStats::default()).faults[0];
         assert_eq!(f.class.action, Action::Replace);
-        assert!(f.detail.contains("recurred in 3 boots"), "{}", f.detail);
+        assert!(
+            f.escalated
+                .as_deref()
+                .is_some_and(|e| e.contains("recurred in 3 boots")),
+            "{:?}",
+            f.escalated
+        );
         // Replace survives the next reboot.
         let m = on_boot("boot-4", Some(m.persisted()));
         assert_eq!(m.snapshot(KmsgStats::default()).faults.len(), 1);
@@ -776,6 +837,84 @@ mod tests {
         assert!(
             m.persisted().recurrence.is_empty(),
             "history goes with the repair"
+        );
+    }
+
+    #[test]
+    fn an_application_xid_storm_never_condemns_the_node() {
+        let mut m = model();
+        let t0 = SystemTime::UNIX_EPOCH;
+        // One job crashing over and over, on every GPU: Xid 13, 31, 43, 45 (NVIDIA:
+        // restart the application), thousands of times.
+        for i in 0..2_000u32 {
+            let gpu = ["0000:18:00", "0000:2a:00", "0000:3a:00", "0000:5d:00"][i as usize % 4];
+            let code = [13, 31, 43, 45][i as usize % 4 / 2 + (i as usize % 2) * 2];
+            m.apply_line(
+                &format!("NVRM: Xid (PCI:{gpu}): {code}, pid={i}, name=python3, Ch 00000008"),
+                t0 + Duration::from_millis(u64::from(i)),
+            );
+        }
+        let s = m.snapshot(KmsgStats::default());
+        assert_ne!(s.health, Health::Fatal, "{}", s.summary);
+        assert!(s.faults.iter().all(|f| f.class.severity < Severity::Fatal));
+        assert!(
+            s.faults.len() <= 16,
+            "one fault per GPU and code: {}",
+            s.faults.len()
+        );
+        assert_eq!(s.faults.iter().map(|f| f.count).sum::<u64>(), 2_000);
+    }
+
+    #[test]
+    fn a_paired_all_clear_clears_its_fault() {
+        let mut m = model();
+        let t0 = SystemTime::UNIX_EPOCH;
+        m.apply_line("NVRM: Xid (PCI:0000:18:00): 163, PSHC disengaged", t0);
+        m.apply_line("NVRM: Xid (PCI:0000:2a:00): 163, PSHC disengaged", t0);
+        assert!(m
+            .snapshot(KmsgStats::default())
+            .faults
+            .iter()
+            .any(|f| f.code == FaultCode::Xid(163)));
+        m.apply_line("NVRM: Xid (PCI:0000:18:00): 162, PSHC reengaged", t0);
+        let faults = m.snapshot(KmsgStats::default()).faults;
+        let on = |gpu: &str| {
+            faults.iter().any(|f| {
+                f.code == FaultCode::Xid(163) && f.component == Component::Gpu { pci: pci(gpu) }
+            })
+        };
+        assert!(!on("0000:18:00.0"), "cleared by its re-engaged Xid");
+        assert!(on("0000:2a:00.0"), "another GPU's stays");
+    }
+
+    #[test]
+    fn the_same_fatal_fault_in_repeated_episodes_escalates_with_the_reason() {
+        let mut m = model();
+        m.set_escalation(3, 5, Duration::from_secs(24 * 3600));
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let line = "NVRM: Xid (PCI:0000:18:00): 48, pid=1, DBE (double bit error)";
+        // A burst of a hundred lines is one episode.
+        for i in 0..100 {
+            m.apply_line(line, t0 + Duration::from_millis(i));
+        }
+        let f = |m: &HealthModel| m.snapshot(KmsgStats::default()).faults[0].clone();
+        assert_eq!(
+            (f(&m).class.action, f(&m).escalated.clone()),
+            (Action::ResetGpu, None)
+        );
+        // Four more episodes, an hour apart: five within a day.
+        for h in 1..=4 {
+            m.apply_line(line, t0 + Duration::from_secs(3600 * h));
+        }
+        let fault = f(&m);
+        assert_eq!(fault.class.action, Action::Replace);
+        assert!(
+            fault
+                .escalated
+                .as_deref()
+                .is_some_and(|e| e.contains("5 episodes")),
+            "{:?}",
+            fault.escalated
         );
     }
 }

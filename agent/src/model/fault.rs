@@ -240,6 +240,10 @@ pub struct Fault {
     pub detail: String,
     /// The boot it was last seen in.
     pub boot_id: String,
+    /// Why its action was escalated beyond the catalog's (recurring across boots, or
+    /// repeating on the same GPU), if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub escalated: Option<String>,
 }
 
 impl Fault {

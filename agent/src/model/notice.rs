@@ -79,6 +79,23 @@ pub struct Notice {
     pub source: SourceKind,
 }
 
+impl Notice {
+    /// When this notice is acted on (the checkpoint signal, `InterruptionPending`):
+    /// `deadline - lead` for scheduled maintenance and a Capacity Block end; `None`, at once,
+    /// for a Spot notice, a shutdown, a rebalance recommendation or a fatal fault.
+    pub fn act_at(&self, lead: std::time::Duration) -> Option<SystemTime> {
+        match self.kind {
+            NoticeKind::ScheduledMaintenance | NoticeKind::CapacityBlock => {
+                Some(self.deadline.checked_sub(lead).unwrap_or(self.deadline))
+            }
+            NoticeKind::Spot
+            | NoticeKind::Shutdown
+            | NoticeKind::Rebalance
+            | NoticeKind::FatalFault => None,
+        }
+    }
+}
+
 /// What the checkpoint sink did for a notice.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckpointReport {
@@ -88,4 +105,14 @@ pub struct CheckpointReport {
     pub signalled: u32,
     /// Processes holding a GPU that were skipped (no handler, excluded).
     pub skipped: u32,
+    /// The notice already signalled for the same ending or incident, when this one was
+    /// covered by it: one incident, one signal.
+    #[serde(default)]
+    pub covered_by: Option<String>,
+    /// Signalled processes (PIDs) still running, while the agent watches them finish.
+    #[serde(default)]
+    pub waiting_for: Vec<i32>,
+    /// Every signalled process has exited, or the hold has passed: a shutdown may go on.
+    #[serde(default)]
+    pub settled: bool,
 }

@@ -136,6 +136,13 @@ pub struct SinkStatus {
     pub state: SourceState,
 }
 
+impl PendingEnd {
+    /// Is it acted on at `now` (`InterruptionPending` True, the checkpoint signal due)?
+    pub fn due(&self, now: SystemTime) -> bool {
+        self.act_at.is_none_or(|at| now >= at)
+    }
+}
+
 /// A known end of this instance (Spot notice, scheduled maintenance, Capacity Block end,
 /// shutdown).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -149,6 +156,16 @@ pub struct PendingEnd {
     pub detail: String,
     /// Processes signalled to checkpoint for it.
     pub signalled: u32,
+    /// When it is acted on: the checkpoint signal and `InterruptionPending` (deadline -
+    /// lead); `None`: at once (a Spot notice, a shutdown).
+    #[serde(with = "super::time::option", default)]
+    pub act_at: Option<SystemTime>,
+    /// The notice already signalled for this ending, if this one was covered by it.
+    #[serde(default)]
+    pub covered_by: Option<String>,
+    /// Signalled processes still running (what a shutdown waits for).
+    #[serde(default)]
+    pub waiting_for: Vec<i32>,
 }
 
 /// Kernel-log reading statistics.

@@ -1,13 +1,24 @@
 //! The checkpoint sink: when the instance's end is known (Spot notice, scheduled maintenance,
 //! Capacity Block end, host shutdown; rebalance and fatal faults when opted in), signal the
-//! training processes to checkpoint, in time and once per notice, and never a process that
-//! does not handle the signal.
+//! training processes to checkpoint, in time and once, and never a process that does not
+//! handle the signal.
 //!
-//! Spot and shutdown notices are signalled at once; the others at `deadline - lead`. A
-//! notice's id is remembered in `<state_dir>/checkpoint.json`, so a restarted agent does not
-//! signal the same notice again; a changed or new notice signals again.
+//! The contract (README, "Checkpoint signals"):
+//! - Spot and shutdown notices are acted on at once; the others at `deadline - lead`.
+//! - One ending, one signal: an ending already signalled covers a later ending of the
+//!   instance within `ending_window` (the shutdown after a Spot notice); fatal faults within
+//!   `incident_window` are one incident. A covered notice signals only processes that were
+//!   not signalled for the covering one (a job started since).
+//! - Each notice acted on is saved (`<state_dir>/checkpoint.json`, on the blocking pool) right
+//!   after the signals, then reported; pod Events and cordon follow in the background.
+//! - The signalled processes are then watched until they exit or `hold` passes: a host
+//!   shutdown holds its logind lock until then, and `status` says what it waits for.
+//! - The current ending is also written to `notice_file` for trainers that poll.
 
+mod notice_file;
+mod record;
 mod send;
+mod settle;
 mod targets;
 
 use std::collections::HashMap;
@@ -20,18 +31,15 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
 pub use crate::model::signal::{name as signal_name, parse as parse_signal};
+pub use record::{Record, Sent, Windows};
 pub use send::{send, SendError};
 pub use targets::{scan, Candidate, Selection, OPT_IN_VAR};
 
 use crate::model::{CheckpointReport, HealthSnapshot, Notice, NoticeKind, Observation, Severity};
 use crate::shutdown::Shutdown;
-
-/// Notice ids remembered (most recent).
-const REMEMBERED: usize = 256;
 
 /// What the sink needs.
 #[derive(Debug, Clone)]
@@ -49,6 +57,12 @@ pub struct Settings {
     pub kubernetes: Option<super::kubernetes::Link>,
     /// Cordon the node on a notice (for clusters without a termination handler).
     pub cordon: bool,
+    /// How long one signalling covers later notices.
+    pub windows: Windows,
+    /// How long signalled processes are watched finishing (a shutdown's hold).
+    pub hold: Duration,
+    /// `[checkpoint] notice_file`; `None`: off.
+    pub notice_file: Option<PathBuf>,
 }
 
 /// Labels of the per-kind counters.
@@ -107,32 +121,6 @@ impl CheckpointMetrics {
     }
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-struct Remembered {
-    signalled: Vec<String>,
-}
-
-fn load(path: &std::path::Path) -> Remembered {
-    std::fs::read(path)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default()
-}
-
-fn save(path: &std::path::Path, r: &Remembered) {
-    let result = serde_json::to_vec_pretty(r)
-        .map_err(|e| e.to_string())
-        .and_then(|b| {
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-            }
-            crate::fsutil::write_atomic(path, &b).map_err(|e| e.to_string())
-        });
-    if let Err(e) = result {
-        tracing::warn!(error = %e, "Cannot remember signalled notices; a restart may signal one again.");
-    }
-}
-
 /// Notices for fatal faults (only used when `fatal-fault` is a trigger).
 fn fault_notices(snapshot: &HealthSnapshot) -> Vec<Notice> {
     snapshot
@@ -153,15 +141,21 @@ fn fault_notices(snapshot: &HealthSnapshot) -> Vec<Notice> {
         .collect()
 }
 
-/// Signal every target for `notice` (blocking: procfs scan and syscalls). Returns the
+/// Signal every target for `notice` but those in `already` (`(pid, start time)`, signalled
+/// for the notice that covers this one) (blocking: procfs scan and syscalls). Returns the
 /// processes signalled and the number skipped.
 pub fn signal_targets(
     selection: &Selection,
     notice: &Notice,
+    already: &[(i32, u64)],
     metrics: Option<&CheckpointMetrics>,
 ) -> (Vec<Candidate>, u32) {
     let (mut signalled, mut skipped) = (Vec::new(), 0);
     for c in scan(selection) {
+        if already.contains(&(c.pid, c.start_time)) {
+            tracing::info!(pid = c.pid, name = %c.name, trigger = %notice.kind, "Already signalled for this ending; not signalled again.");
+            continue;
+        }
         let Some(signal) = c.signal.as_deref().and_then(parse_signal) else {
             skipped += 1;
             let reason = if c.why.contains("does not handle") {
@@ -225,8 +219,9 @@ pub async fn run(
     reports: mpsc::Sender<Observation>,
     mut shutdown: Shutdown,
 ) {
-    let mut remembered = load(&settings.state_file);
+    let mut record = Record::load(&settings.state_file);
     let mut first_seen: HashMap<String, Instant> = HashMap::new();
+    let mut written: Option<String> = None;
     loop {
         let snapshot = Arc::clone(&snapshots.borrow_and_update());
         let mut notices: Vec<Notice> = snapshot.notices.clone();
@@ -239,79 +234,30 @@ pub async fn run(
             .iter()
             .filter(|n| settings.triggers.contains(&n.kind))
         {
-            if remembered.signalled.contains(&notice.id) {
+            if record.done(&notice.id) {
                 continue;
             }
             let seen = *first_seen
                 .entry(notice.id.clone())
                 .or_insert_with(Instant::now);
-            let at_once = matches!(
-                notice.kind,
-                NoticeKind::Spot
-                    | NoticeKind::Shutdown
-                    | NoticeKind::Rebalance
-                    | NoticeKind::FatalFault
-            );
             let lead = settings.lead.get(&notice.kind).copied().unwrap_or_default();
-            let fire_at = if at_once {
-                now
-            } else {
-                notice.deadline.checked_sub(lead).unwrap_or(notice.deadline)
-            };
-            if let Ok(wait) = fire_at.duration_since(now) {
+            let act_at = notice.act_at(lead);
+            if let Some(wait) = act_at.and_then(|at| at.duration_since(now).ok()) {
                 if !wait.is_zero() {
                     next = Some(next.map_or(wait, |n| n.min(wait)));
                     continue;
                 }
             }
-            metrics
-                .notices
-                .get_or_create(&KindLabels {
-                    kind: notice.kind.name().into(),
-                })
-                .inc();
-            let (selection, n) = (settings.selection.clone(), notice.clone());
-            let m = metrics.clone();
-            let (targets, skipped) =
-                tokio::task::spawn_blocking(move || signal_targets(&selection, &n, Some(&m)))
-                    .await
-                    .unwrap_or_default();
-            let signalled = u32::try_from(targets.len()).unwrap_or(u32::MAX);
+            act(&settings, &metrics, &reports, &mut record, notice, now).await;
             // Latency from when it was due: at once, or at deadline - lead.
-            let due_since = if at_once {
-                seen.elapsed()
-            } else {
-                now.duration_since(fire_at).unwrap_or_default()
-            };
+            let due_since = act_at.map_or_else(
+                || seen.elapsed(),
+                |at| now.duration_since(at).unwrap_or_default(),
+            );
             metrics.latency.observe(due_since.as_secs_f64());
-            tracing::warn!(kind = %notice.kind, id = %notice.id, signalled, skipped, "Checkpoint signal sent for notice.");
-            // Remember it right after signalling (fsync on the blocking pool, not the
-            // runtime thread), then report; nothing here waits on Kubernetes.
-            remembered.signalled.push(notice.id.clone());
-            if remembered.signalled.len() > REMEMBERED {
-                remembered.signalled.remove(0);
-            }
-            let (path, record) = (settings.state_file.clone(), remembered.clone());
-            let _ = tokio::task::spawn_blocking(move || save(&path, &record)).await;
-            let _ = reports
-                .send(Observation::Checkpoint(CheckpointReport {
-                    notice_id: notice.id.clone(),
-                    signalled,
-                    skipped,
-                }))
-                .await;
-            // Pod Events and cordon in the background, bounded: a hung API server never
-            // delays the next notice's signal.
-            #[cfg(feature = "clients")]
-            if let Some(link) = &settings.kubernetes {
-                let limit = link.timeout() * KUBERNETES_CALLS;
-                let work = tell_kubernetes(link.clone(), notice.clone(), targets, settings.cordon);
-                tokio::spawn(async move {
-                    if tokio::time::timeout(limit, work).await.is_err() {
-                        tracing::warn!(?limit, "Checkpoint pod Events/cordon gave up: the API server did not answer in time.");
-                    }
-                });
-            }
+        }
+        if let Some(path) = &settings.notice_file {
+            update_notice_file(path, &settings, &snapshot, &record, &mut written).await;
         }
         let sleep = next.unwrap_or(Duration::from_secs(3600));
         tokio::select! {
@@ -320,6 +266,124 @@ pub async fn run(
             () = shutdown.wait() => return,
         }
     }
+}
+
+/// Act on one due notice: signal (or find it covered), save, report, then watch the
+/// signalled processes finish and tell Kubernetes, both in the background.
+async fn act(
+    settings: &Settings,
+    metrics: &CheckpointMetrics,
+    reports: &mpsc::Sender<Observation>,
+    record: &mut Record,
+    notice: &Notice,
+    now: SystemTime,
+) {
+    metrics
+        .notices
+        .get_or_create(&KindLabels {
+            kind: notice.kind.name().into(),
+        })
+        .inc();
+    let covering = record.covering(notice, now, settings.windows).cloned();
+    let already: Vec<(i32, u64)> = covering
+        .as_ref()
+        .map(|c| c.targets.clone())
+        .unwrap_or_default();
+    let (selection, n, m, skip) = (
+        settings.selection.clone(),
+        notice.clone(),
+        metrics.clone(),
+        already.clone(),
+    );
+    let (targets, skipped) =
+        tokio::task::spawn_blocking(move || signal_targets(&selection, &n, &skip, Some(&m)))
+            .await
+            .unwrap_or_default();
+    let signalled = u32::try_from(targets.len()).unwrap_or(u32::MAX);
+    let new: Vec<(i32, u64)> = targets.iter().map(|c| (c.pid, c.start_time)).collect();
+    match &covering {
+        Some(c) => {
+            tracing::warn!(kind = %notice.kind, id = %notice.id, covered_by = %c.id, newly_signalled = signalled, "Notice covered by one already signalled: one ending, one signal.")
+        }
+        None => {
+            tracing::warn!(kind = %notice.kind, id = %notice.id, signalled, skipped, "Checkpoint signal sent for notice.")
+        }
+    }
+    // Remember it right after signalling (fsync on the blocking pool, not the runtime
+    // thread), then report; nothing here waits on Kubernetes.
+    let sent = Sent {
+        id: covering
+            .as_ref()
+            .map_or_else(|| notice.id.clone(), |c| c.id.clone()),
+        at: covering.as_ref().map_or(now, |c| c.at),
+        targets: already.iter().chain(&new).copied().collect(),
+    };
+    record.remember(notice, sent.clone());
+    let (path, saved) = (settings.state_file.clone(), record.clone());
+    let _ = tokio::task::spawn_blocking(move || saved.save(&path)).await;
+    let report = CheckpointReport {
+        notice_id: notice.id.clone(),
+        signalled,
+        skipped,
+        covered_by: covering.map(|c| c.id),
+        waiting_for: Vec::new(),
+        settled: false,
+    };
+    // Watch every process signalled for this ending finish, counting the hold from the
+    // first signal.
+    let elapsed = now.duration_since(sent.at).unwrap_or_default();
+    let until = Instant::now() + settings.hold.saturating_sub(elapsed);
+    tokio::spawn(settle::watch(
+        report,
+        sent.targets,
+        until,
+        settings.selection.procfs.clone(),
+        reports.clone(),
+    ));
+    // Pod Events and cordon in the background, bounded: a hung API server never delays the
+    // next notice's signal.
+    #[cfg(feature = "clients")]
+    if let Some(link) = &settings.kubernetes {
+        let limit = link.timeout() * KUBERNETES_CALLS;
+        let work = tell_kubernetes(link.clone(), notice.clone(), targets, settings.cordon);
+        tokio::spawn(async move {
+            if tokio::time::timeout(limit, work).await.is_err() {
+                tracing::warn!(
+                    ?limit,
+                    "Checkpoint pod Events/cordon gave up: the API server did not answer in time."
+                );
+            }
+        });
+    }
+}
+
+/// Keep `path` in line with the earliest ending acted on (absent when there is none).
+async fn update_notice_file(
+    path: &std::path::Path,
+    settings: &Settings,
+    snapshot: &HealthSnapshot,
+    record: &Record,
+    written: &mut Option<String>,
+) {
+    let ending = snapshot
+        .notices
+        .iter()
+        .filter(|n| n.kind.ends_instance() && record.done(&n.id))
+        .min_by_key(|n| n.deadline);
+    let key = ending.map(|n| format!("{}|{:?}", n.id, n.deadline));
+    if key == *written {
+        return;
+    }
+    let contents = ending.map(|n| {
+        notice_file::Contents::new(
+            n,
+            &signal_name(settings.selection.signal),
+            SystemTime::now(),
+        )
+    });
+    let path = path.to_path_buf();
+    let _ = tokio::task::spawn_blocking(move || notice_file::write(&path, contents.as_ref())).await;
+    *written = key;
 }
 
 /// At most this many calls' time limits for one notice's pod Events and cordon together.

@@ -118,6 +118,15 @@ pub fn stat(procfs: &Path, pid: i32) -> Option<(String, i32, u64)> {
     ))
 }
 
+/// Has the process exited and wait for its parent to reap it (state `Z`)?
+pub fn zombie(procfs: &Path, pid: i32) -> bool {
+    read(&procfs.join(pid.to_string()).join("stat")).is_some_and(|text| {
+        text.rfind(')')
+            .and_then(|close| text[close + 1..].split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X")
+    })
+}
+
 /// The `SigCgt` mask from `/proc/PID/status`.
 pub fn sigcgt(procfs: &Path, pid: i32) -> Option<String> {
     read(&procfs.join(pid.to_string()).join("status"))?

@@ -209,6 +209,24 @@ impl Collector for SnapshotCollector {
             "NVIDIA GPUs found on the PCI bus.",
             i64::try_from(s.gpus.len()).unwrap_or(i64::MAX),
         )?;
+        if let Some(end) = &s.pending_end {
+            let at = |t: std::time::SystemTime| {
+                t.duration_since(std::time::SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+            };
+            gauge(
+                &mut encoder,
+                "gpu_agent_instance_end_timestamp_seconds",
+                "When the earliest known end of this instance is (Spot, maintenance, Capacity Block, shutdown), known or already pending.",
+                at(end.deadline),
+            )?;
+            gauge(
+                &mut encoder,
+                "gpu_agent_instance_end_pending",
+                "1 once that end is acted on (deadline - lead; at once for Spot and shutdown), else 0.",
+                i64::from(end.due(std::time::SystemTime::now())),
+            )?;
+        }
 
         let fault_labels: Vec<[(&str, String); 5]> = s
             .faults

@@ -31,12 +31,21 @@ pub struct Desired {
     pub message: String,
 }
 
-/// The conditions for `snapshot`.
-pub fn desired(snapshot: &HealthSnapshot, types: &ConditionTypes) -> Vec<Desired> {
+/// The conditions for `snapshot` at `now`.
+pub fn desired(snapshot: &HealthSnapshot, types: &ConditionTypes, now: SystemTime) -> Vec<Desired> {
     vec![
         hardware(snapshot, &types.hardware),
-        interruption(snapshot, &types.interruption),
+        interruption(snapshot, &types.interruption, now),
     ]
+}
+
+/// When the conditions for `snapshot` change with time alone: a known end becoming due.
+pub fn next_change(snapshot: &HealthSnapshot, now: SystemTime) -> Option<SystemTime> {
+    snapshot
+        .pending_end
+        .as_ref()
+        .and_then(|end| end.act_at)
+        .filter(|at| *at > now)
 }
 
 fn describe(f: &Fault) -> String {
@@ -46,8 +55,12 @@ fn describe(f: &Fault) -> String {
         (_, crate::model::Component::Nvswitch { pci }) => format!("NVSwitch {pci}"),
         (_, crate::model::Component::Node) => "node".to_string(),
     };
+    let why = f
+        .escalated
+        .as_ref()
+        .map_or_else(String::new, |e| format!(" (escalated: {e})"));
     format!(
-        "{place}: {} {}, action {}",
+        "{place}: {} {}, action {}{why}",
         f.code, f.class.name, f.class.action
     )
 }
@@ -80,8 +93,24 @@ fn hardware(snapshot: &HealthSnapshot, type_: &str) -> Desired {
     }
 }
 
-fn interruption(snapshot: &HealthSnapshot, type_: &str) -> Desired {
+/// True only when the end is acted on: a Spot notice or a shutdown at once, scheduled
+/// maintenance and a Capacity Block end from `deadline - lead` (when the checkpoint signal
+/// fires). Before that the condition is False and names the known end.
+fn interruption(snapshot: &HealthSnapshot, type_: &str, now: SystemTime) -> Desired {
     match &snapshot.pending_end {
+        Some(end) if !end.due(now) => Desired {
+            type_: type_.to_string(),
+            status: "False",
+            reason: camel(&end.kind) + "Scheduled",
+            message: truncate(&format!(
+                "{} ends at {}; pending from {} (checkpoint lead): {}",
+                end.kind,
+                crate::model::time::rfc3339(end.deadline),
+                end.act_at
+                    .map_or_else(String::new, crate::model::time::rfc3339),
+                end.detail
+            )),
+        },
         Some(end) => Desired {
             type_: type_.to_string(),
             status: "True",
@@ -166,7 +195,11 @@ mod tests {
     #[test]
     fn healthy_then_fatal() {
         let mut model = HealthModel::for_test();
-        let d = desired(&model.snapshot(KmsgStats::default()), &types());
+        let d = desired(
+            &model.snapshot(KmsgStats::default()),
+            &types(),
+            SystemTime::now(),
+        );
         assert_eq!(
             (d[0].status, d[0].reason.as_str()),
             ("True", "NvidiaGPUIsReady")
@@ -183,7 +216,11 @@ mod tests {
             "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.",
             SystemTime::now(),
         );
-        let d = desired(&model.snapshot(KmsgStats::default()), &types());
+        let d = desired(
+            &model.snapshot(KmsgStats::default()),
+            &types(),
+            SystemTime::now(),
+        );
         assert_eq!(
             (d[0].status, d[0].reason.as_str()),
             ("False", "NvidiaXID79Error")
@@ -195,24 +232,45 @@ mod tests {
     }
 
     #[test]
-    fn pending_end_sets_interruption() {
+    fn interruption_is_pending_only_from_deadline_minus_lead() {
         let model = HealthModel::for_test();
         let mut s = model.snapshot(KmsgStats::default());
+        let deadline = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let act_at = deadline - Duration::from_secs(900);
         s.pending_end = Some(PendingEnd {
             kind: "capacity-block".into(),
-            deadline: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+            deadline,
             detail: "cr-123".into(),
             signalled: 0,
+            act_at: Some(act_at),
+            covered_by: None,
+            waiting_for: Vec::new(),
         });
-        let d = desired(&s, &types());
+        // Weeks ahead: known, not pending.
+        let early = act_at - Duration::from_secs(86_400 * 14);
+        let d = desired(&s, &types(), early);
         assert_eq!(
             (d[1].status, d[1].reason.as_str()),
-            ("True", "CapacityBlockPending")
+            ("False", "CapacityBlockScheduled")
         );
         assert!(
             d[1].message.contains("2027-01-15T08:00:00Z"),
             "{}",
             d[1].message
         );
+        assert_eq!(next_change(&s, early), Some(act_at));
+        // From deadline - lead: pending.
+        let d = desired(&s, &types(), act_at);
+        assert_eq!(
+            (d[1].status, d[1].reason.as_str()),
+            ("True", "CapacityBlockPending")
+        );
+        assert_eq!(next_change(&s, act_at), None);
+        // A Spot notice: at once.
+        if let Some(end) = &mut s.pending_end {
+            end.kind = "spot".into();
+            end.act_at = None;
+        }
+        assert_eq!(desired(&s, &types(), early)[1].status, "True");
     }
 }

@@ -90,7 +90,7 @@ impl Posted {
                         "involvedObject": { "apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid },
                         "reason": f.reason(),
                         "message": message,
-                        "type": if f.class.severity == Severity::Fatal { "Warning" } else { "Normal" },
+                        "type": if matches!(f.class.severity, Severity::Fatal | Severity::Warning) { "Warning" } else { "Normal" },
                         "count": f.count,
                         "firstTimestamp": crate::model::time::rfc3339(f.first_seen),
                         "lastTimestamp": last,
@@ -166,5 +166,21 @@ mod tests {
             matches!(&writes[..], [EventWrite::Update { count: 1001, .. }]),
             "{writes:?}"
         );
+    }
+
+    #[test]
+    fn warning_faults_are_warning_events() {
+        let mut model = HealthModel::for_test();
+        // Xid 13: a warning (the application's fault), still a Warning Event for watchers.
+        model.apply_line(
+            "NVRM: Xid (PCI:0000:3b:00): 13, pid=1, Graphics Exception",
+            SystemTime::now(),
+        );
+        let faults = model.snapshot(KmsgStats::default()).faults;
+        let writes = Posted::default().pending("node-a", "uid", &faults, Instant::now());
+        let [EventWrite::Create { body, .. }] = &writes[..] else {
+            panic!("{writes:?}")
+        };
+        assert_eq!(body["type"], "Warning", "{body}");
     }
 }

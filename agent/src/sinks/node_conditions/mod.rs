@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::{mpsc, watch};
 
-pub use conditions::{desired, ConditionTypes, Desired};
+pub use conditions::{desired, next_change, ConditionTypes, Desired};
 pub use metrics::SinkMetrics;
 
 use super::kubernetes::{ApiError, Link, NodeApi};
@@ -114,7 +114,7 @@ impl Writer {
             self.refresh(&api).await?;
         }
         let now = SystemTime::now();
-        let want = desired(snapshot, &self.settings.types);
+        let want = desired(snapshot, &self.settings.types, now);
         let changed = want
             .iter()
             .any(|d| self.known.get(&d.type_).map(|k| &k.desired) != Some(d));
@@ -260,7 +260,11 @@ pub async fn run(
         let snapshot = Arc::clone(&snapshots.borrow_and_update());
         match writer.sync(&snapshot, heartbeat).await {
             Ok(()) => {
-                due = None;
+                // A known end that becomes due with time alone (deadline - lead) is written
+                // when it does, not at the next heartbeat.
+                let wall = SystemTime::now();
+                due = next_change(&snapshot, wall)
+                    .map(|at| now + at.duration_since(wall).unwrap_or_default());
                 backoff = MIN_BACKOFF;
                 if heartbeat {
                     next_heartbeat = now + settings.heartbeat;

@@ -23,13 +23,34 @@ pub fn render(s: &HealthSnapshot) -> String {
             .deadline
             .duration_since(std::time::SystemTime::now())
             .map_or(0, |d| d.as_secs());
+        let now = std::time::SystemTime::now();
+        let acted = match (&end.covered_by, end.due(now)) {
+            (Some(by), _) => format!(
+                "covered by {by} (one ending, one signal); {} more signalled",
+                end.signalled
+            ),
+            (None, true) => format!("{} processes signalled to checkpoint", end.signalled),
+            (None, false) => format!(
+                "checkpoint signal at {}",
+                end.act_at
+                    .map_or_else(String::new, crate::model::time::rfc3339)
+            ),
+        };
         let _ = writeln!(
             out,
-            "Pending end: {} at {} (in {left} s), {} processes signalled to checkpoint",
+            "Pending end: {} at {} (in {left} s), {acted}",
             end.kind,
             crate::model::time::rfc3339(end.deadline),
-            end.signalled
         );
+        if !end.waiting_for.is_empty() {
+            let pids: Vec<String> = end.waiting_for.iter().map(ToString::to_string).collect();
+            let _ = writeln!(
+                out,
+                "Waiting for {} signalled processes to finish their checkpoint and exit: {}",
+                pids.len(),
+                pids.join(", ")
+            );
+        }
     }
 
     if let Some(driver) = &s.driver_version {
@@ -88,6 +109,9 @@ pub fn render(s: &HealthSnapshot) -> String {
                 crate::model::time::rfc3339(f.last_seen),
                 f.class.name
             );
+            if let Some(why) = &f.escalated {
+                let _ = writeln!(out, "         escalated to {}: {why}", f.class.action);
+            }
         }
     }
 

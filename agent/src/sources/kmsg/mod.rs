@@ -73,13 +73,22 @@ pub struct Settings {
     pub accept_userspace: bool,
 }
 
-/// Turns kernel-log records into fault reports, tracking sequence numbers.
+/// Records within which a multi-record notice's parts (an SXid's follow-ups, the rest of a
+/// "fallen off the bus" notice) are taken as belonging together.
+const CONTINUATION_SPAN: u64 = 8;
+
+/// Turns kernel-log records into fault reports, tracking sequence numbers and the notices
+/// the driver prints over several records.
 #[derive(Debug)]
 pub struct RecordReader {
     settings: Settings,
     counters: Arc<KmsgCounters>,
     last_seq: Option<u64>,
     overrun_logged: bool,
+    /// The SXid event being printed: `(switch, code, seq of its last record)`.
+    sxid: Option<(crate::model::PciAddress, u32, u64)>,
+    /// A GPU named by `NVRM: The NVIDIA GPU ...` whose notice may go on: `(gpu, seq)`.
+    notice: Option<(crate::model::PciAddress, u64)>,
 }
 
 impl RecordReader {
@@ -90,6 +99,8 @@ impl RecordReader {
             counters,
             last_seq: None,
             overrun_logged: false,
+            sxid: None,
+            notice: None,
         }
     }
 
@@ -117,17 +128,50 @@ impl RecordReader {
             Some(boot) => boot + record.since_boot,
             None => SystemTime::now(),
         };
-        let report = report(&record.message, Some(seq), at, self.settings.branch)?;
+        let line = parse::parse(&record.message)?;
         let trusted = record.facility == record::KERNEL_FACILITY
             || self.settings.accept_userspace
             || record.message.trim_end().ends_with(INJECT_MARK);
         if !trusted {
             // A fault line from userspace (a privileged pod, a stray logger): not evidence.
-            if self.counters.ignored.fetch_add(1, Ordering::Relaxed) == 0 {
-                tracing::warn!(facility = record.facility, line = %report.detail, "Ignoring a fault line written by userspace, not the kernel ([kmsg] accept_userspace = false); such lines are counted in gpu_agent_kmsg_records_ignored_total (logged once).");
+            if !matches!(line, FaultLine::GpuNotice { .. })
+                && self.counters.ignored.fetch_add(1, Ordering::Relaxed) == 0
+            {
+                tracing::warn!(facility = record.facility, line = %truncate(record.message.trim(), MAX_DETAIL), "Ignoring a fault line written by userspace, not the kernel ([kmsg] accept_userspace = false); such lines are counted in gpu_agent_kmsg_records_ignored_total (logged once).");
             }
             return None;
         }
+        let recent = |at: u64| seq.saturating_sub(at) <= CONTINUATION_SPAN;
+        let line = match line {
+            FaultLine::GpuNotice { pci } => {
+                self.notice = Some((pci, seq));
+                return None;
+            }
+            FaultLine::FallenOffBusTail => {
+                let (pci, _) = self.notice.take().filter(|(_, at)| recent(*at))?;
+                FaultLine::FallenOffBus { pci }
+            }
+            FaultLine::Sxid {
+                pci,
+                code,
+                follow_up,
+                ..
+            } => {
+                // A follow-up of the event just reported details it; one whose head was not
+                // seen (overwritten, before our cursor, a driver printing only these) is the
+                // event.
+                let continues = self
+                    .sxid
+                    .is_some_and(|(p, c, at)| p == pci && c == code && recent(at));
+                self.sxid = Some((pci, code, seq));
+                if follow_up && continues {
+                    return None;
+                }
+                line
+            }
+            other => other,
+        };
+        let report = report_line(line, &record.message, Some(seq), at, self.settings.branch)?;
         self.counters.matched.fetch_add(1, Ordering::Relaxed);
         Some(report)
     }
@@ -152,14 +196,26 @@ impl RecordReader {
     }
 }
 
-/// Build a fault report from one kernel-log message, or `None` if it is not a fault line.
+/// Build a fault report from one kernel-log message, or `None` if it is not a fault line on
+/// its own (the first record of a multi-record notice, or its tail: the reader joins those).
 pub fn report(
     message: &str,
     seq: Option<u64>,
     at: SystemTime,
     branch: DriverBranch,
 ) -> Option<FaultReport> {
-    let (component, code, class) = match parse::parse(message)? {
+    report_line(parse::parse(message)?, message, seq, at, branch)
+}
+
+/// The report for a recognised fault line; `None` for the parts of a multi-record notice.
+fn report_line(
+    line: FaultLine<'_>,
+    message: &str,
+    seq: Option<u64>,
+    at: SystemTime,
+    branch: DriverBranch,
+) -> Option<FaultReport> {
+    let (component, code, class) = match line {
         FaultLine::Xid { pci, code, rest } => (
             Component::Gpu { pci },
             FaultCode::Xid(code),
@@ -170,10 +226,7 @@ pub fn report(
             FaultCode::FallenOffBus,
             catalog::classify_fallen_off_bus(),
         ),
-        // Follow-up lines detail an event whose first line was already counted.
-        FaultLine::Sxid {
-            follow_up: true, ..
-        } => return None,
+        FaultLine::GpuNotice { .. } | FaultLine::FallenOffBusTail => return None,
         FaultLine::Sxid {
             pci, code, fatal, ..
         } => (
@@ -188,7 +241,8 @@ pub fn report(
         class,
         source: SourceKind::Kmsg,
         at,
-        detail: truncate(message.trim(), MAX_DETAIL),
+        // The kernel escapes a record's newlines: show them as spaces.
+        detail: truncate(message.replace("\\x0a", " ").trim(), MAX_DETAIL),
         cursor: seq,
     })
 }
@@ -417,22 +471,56 @@ mod tests {
     }
 
     #[test]
-    fn sxid_follow_ups_are_not_new_events() {
-        let at = SystemTime::UNIX_EPOCH;
-        assert!(report(
-            "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 27",
-            None,
-            at,
-            DriverBranch::Unknown
-        )
-        .is_some());
-        assert!(report(
-            "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Data {0x0, 0x1}",
-            None,
-            at,
-            DriverBranch::Unknown
-        )
-        .is_none());
+    fn sxid_follow_ups_detail_their_head_or_stand_alone() {
+        let mut r = reader(None);
+        let head = "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 27";
+        let severity =
+            "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Severity 0 Engine instance 27";
+        let data = "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Data {0x0, 0x1}";
+        assert!(r.on_record(&entry(1, head)).is_some());
+        assert!(
+            r.on_record(&entry(2, severity)).is_none(),
+            "details the head"
+        );
+        assert!(r.on_record(&entry(3, data)).is_none(), "details the head");
+        // Head not seen (overwritten, or before the cursor): the follow-up is the event,
+        // classified by the catalog; its own further follow-ups detail it.
+        let mut r = reader(None);
+        let fatal = "nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Severity 1 Engine instance 48 Sub-engine instance 00";
+        let report = r.on_record(&entry(40, fatal)).expect("reported alone");
+        assert_eq!(report.code, FaultCode::Sxid(20034));
+        assert_eq!(report.class.severity, Severity::Fatal, "{:?}", report.class);
+        assert!(r
+            .on_record(&entry(
+                41,
+                "nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Data {0x1}"
+            ))
+            .is_none());
+    }
+
+    #[test]
+    fn a_fallen_off_the_bus_notice_over_several_records_is_joined() {
+        // As printed by recent drivers: the GPU named in one record, the verdict in the next
+        // (source: GPUd PR #1209; a PCI-passthrough report quoting the same two lines).
+        let mut r = reader(None);
+        let head = "NVRM: The NVIDIA GPU 0000:01:00.0 (PCI ID: 10de:1e07) installed in this";
+        let tail = "NVRM: system has fallen off the bus and is not responding to commands.";
+        assert!(r.on_record(&entry(10, head)).is_none());
+        let report = r.on_record(&entry(11, tail)).expect("joined");
+        assert_eq!(report.code, FaultCode::FallenOffBus);
+        assert_eq!(
+            report.component,
+            Component::Gpu {
+                pci: "0000:01:00.0".parse().expect("pci")
+            }
+        );
+        // A tail with no GPU named before it is nobody's.
+        let mut r = reader(None);
+        assert!(r.on_record(&entry(20, tail)).is_none());
+        // One record with the newline escaped by the kernel.
+        let one = format!("{head}\\x0a{tail}");
+        let report = r.on_record(&entry(21, &one)).expect("one record");
+        assert!(!report.detail.contains("\\x0a"), "{}", report.detail);
     }
 
     #[test]

@@ -1,14 +1,23 @@
 //! Recognising NVIDIA GPU and NVSwitch fault lines in kernel-log messages.
 //!
-//! Shapes drivers have printed (the message part of a `/dev/kmsg` record):
+//! Shapes drivers have printed (the message part of a `/dev/kmsg` record), each with a
+//! fixture and its provenance in the tests below:
 //! - `NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.`
 //! - `NVRM: Xid (0000:3b:00): 13, Graphics Exception ...` (older drivers, no `PCI:`)
 //! - `NVRM: Xid (PCI:0000:3b:00): 31, pid='<unknown>', name=<unknown>, Ch 00000008, ...`
 //! - `NVRM: Xid (PCI:0000:3b:00): 43, pid=0, Ch 00000010`
+//! - `NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, ...` and `(PCI:... GPU-I:01 GPU-CI:02)`: a
+//!   MIG-enabled GPU names the GPU (and compute) instance inside the parentheses
 //! - `NVRM: Xid (PCI:0008:01:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 04 (0x... 0x... ...)`
-//! - `NVRM: GPU at PCI:0000:3b:00: GPU has fallen off the bus.` (no Xid line)
+//! - fallen off the bus without an Xid, in every wording: `NVRM: GPU at PCI:0000:3b:00: GPU
+//!   has fallen off the bus.`, `NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.`, 8-digit
+//!   domains, and the long notice `NVRM: The NVIDIA GPU 0000:0e:00.0 (PCI ID: 10de:1b06)
+//!   installed in this system has fallen off the bus and is not responding to commands.`,
+//!   printed as one record (its newlines escaped as `\x0a`) or as several `NVRM:` records, the
+//!   first naming the GPU ([`FaultLine::GpuNotice`]) and a later one saying "fallen off the
+//!   bus" ([`FaultLine::FallenOffBusTail`]); the reader joins them.
 //! - `nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 27 ...` and its
-//!   follow-up lines (`12028, Severity 0 Engine instance 27 ...`, `12028, Data {0x...}`).
+//!   follow-up records (`12028, Severity 0 Engine instance 27 ...`, `12028, Data {0x...}`).
 //!
 //! Matching is anchored at the start of the message, so a line that merely quotes one (an
 //! audit record, a shell echo of a log) is not a fault.
@@ -27,11 +36,20 @@ pub enum FaultLine<'a> {
         /// Everything after `<code>,` (pid, process name, details).
         rest: &'a str,
     },
-    /// `NVRM: GPU at PCI:...: GPU has fallen off the bus.`
+    /// A GPU has fallen off the bus (no Xid), in any of the driver's wordings.
     FallenOffBus {
         /// The GPU.
         pci: PciAddress,
     },
+    /// `NVRM: The NVIDIA GPU <address> ...` without "fallen off the bus": the first record
+    /// of a notice that may say so in a later record.
+    GpuNotice {
+        /// The GPU named.
+        pci: PciAddress,
+    },
+    /// An `NVRM:` record saying "fallen off the bus" without naming a GPU: the rest of a
+    /// notice whose first record ([`FaultLine::GpuNotice`]) named it.
+    FallenOffBusTail,
     /// `nvidia-nvswitchN: SXid (...)`.
     Sxid {
         /// The NVSwitch.
@@ -52,10 +70,21 @@ pub fn parse(message: &str) -> Option<FaultLine<'_>> {
         if let Some(rest) = rest.strip_prefix("Xid (") {
             return parse_xid(rest);
         }
-        if let Some(rest) = rest.strip_prefix("GPU at ") {
-            return parse_fallen_off_bus(rest);
+        if let Some(rest) = rest.strip_prefix("The NVIDIA GPU ") {
+            return parse_gpu_notice(rest);
         }
-        return None;
+        if let Some(rest) = rest
+            .strip_prefix("GPU at ")
+            .or_else(|| rest.strip_prefix("GPU "))
+        {
+            if let Some(line) = parse_fallen_off_bus(rest) {
+                return Some(line);
+            }
+        }
+        return rest
+            .contains(FALLEN_OFF)
+            .then_some(FaultLine::FallenOffBusTail)
+            .filter(|_| !names_an_address(rest));
     }
     if let Some(rest) = message.strip_prefix("nvidia-nvswitch") {
         let rest = rest.trim_start_matches(|c: char| c.is_ascii_digit());
@@ -68,6 +97,12 @@ pub fn parse(message: &str) -> Option<FaultLine<'_>> {
 fn address_and_code(text: &str) -> Option<(PciAddress, u32, &str)> {
     let (address, after) = text.split_once("):")?;
     let pci = address.parse().ok()?;
+    let (code, rest) = code_and_rest(after)?;
+    Some((pci, code, rest))
+}
+
+/// ` <code>[, <rest>]` → code, rest (borrowed from the message).
+fn code_and_rest(after: &str) -> Option<(u32, &str)> {
     let after = after.trim_start();
     let digits = after.bytes().take_while(u8::is_ascii_digit).count();
     if digits == 0 || digits > 9 {
@@ -81,21 +116,59 @@ fn address_and_code(text: &str) -> Option<(PciAddress, u32, &str)> {
         Some(b' ') | Some(b'\t') => tail.trim(),
         Some(_) => return None,
     };
-    Some((pci, code, rest))
+    Some((code, rest))
 }
 
+/// What every wording of the notice says.
+const FALLEN_OFF: &str = "fallen off the bus";
+
 fn parse_xid(text: &str) -> Option<FaultLine<'_>> {
-    let (pci, code, rest) = address_and_code(text)?;
+    // A MIG-enabled GPU: `PCI:0000:01:00 GPU-I:05 GPU-CI:02): ...`: the address is the first
+    // word, and the words after it must be the driver's instance ids.
+    let (inside, after) = text.split_once("):")?;
+    let mut words = inside.split(' ');
+    let pci = words.next()?.parse().ok()?;
+    let instance = |w: &str| {
+        ["GPU-I:", "GPU-CI:"].iter().any(|p| {
+            w.strip_prefix(p)
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+    };
+    if !words.all(instance) {
+        return None;
+    }
+    let (code, rest) = code_and_rest(after)?;
     Some(FaultLine::Xid { pci, code, rest })
 }
 
+/// `<address>: ... fallen off the bus ...` (after `GPU at ` or `GPU `).
 fn parse_fallen_off_bus(text: &str) -> Option<FaultLine<'_>> {
     let (address, what) = text.split_once(": ")?;
-    if !what.contains("fallen off the bus") {
+    if !what.contains(FALLEN_OFF) {
         return None;
     }
     Some(FaultLine::FallenOffBus {
         pci: address.parse().ok()?,
+    })
+}
+
+/// `<address> (PCI ID: 10de:...) installed in this system has fallen off the bus ...`, maybe
+/// with the rest in later records.
+fn parse_gpu_notice(text: &str) -> Option<FaultLine<'_>> {
+    let address = text.split([' ', '\\']).next()?;
+    let pci = address.parse().ok()?;
+    Some(if text.contains(FALLEN_OFF) {
+        FaultLine::FallenOffBus { pci }
+    } else {
+        FaultLine::GpuNotice { pci }
+    })
+}
+
+/// Does a record's text name a PCI address (`dddd:bb:dd`)? A tail that does is not a tail.
+fn names_an_address(text: &str) -> bool {
+    text.split([' ', '(', ')', ',']).any(|w| {
+        w.trim_end_matches(':').matches(':').count() >= 2
+            && w.trim_end_matches(':').parse::<PciAddress>().is_ok()
     })
 }
 
@@ -159,14 +232,55 @@ mod tests {
     }
 
     #[test]
-    fn fallen_off_bus_without_xid() {
-        assert_eq!(
-            parse("NVRM: GPU at PCI:0000:3b:00: GPU has fallen off the bus."),
-            Some(FaultLine::FallenOffBus {
-                pci: pci("0000:3b:00.0")
-            })
-        );
-        assert_eq!(parse("NVRM: GPU at PCI:0000:3b:00: GPU-abc is fine"), None);
+    fn mig_enabled_xids_name_the_gpu_instance() {
+        // NVIDIA open-gpu-kernel-modules (krcGetMigAttributionForError, XID_PRINT_WITH_ATTR:
+        // "PCI:%04x:%02x:%02x GPU-I:%02u GPU-CI:%02u") and the A100 GPU memory error
+        // management guide ("NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, ...").
+        for (line, code) in [
+            ("NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9). RST: No, D-RST: No", 94),
+            ("NVRM: Xid (PCI:0000:01:00 GPU-I:01 GPU-CI:02): 13, pid=9, name=python3, Graphics Exception", 13),
+        ] {
+            let Some(FaultLine::Xid { pci: p, code: c, .. }) = parse(line) else {
+                panic!("not parsed: {line}")
+            };
+            assert_eq!((p, c), (pci("0000:01:00.0"), code), "{line}");
+        }
+        // Anything else in the parentheses is not the driver's.
+        assert_eq!(parse("NVRM: Xid (PCI:0000:01:00 hello): 94, x"), None);
+        assert_eq!(parse("NVRM: Xid (PCI:0000:01:00 GPU-I:): 94, x"), None);
+    }
+
+    #[test]
+    fn fallen_off_bus_in_every_wording() {
+        let gpu = |text| FaultLine::FallenOffBus { pci: pci(text) };
+        for (line, want) in [
+            // The long-standing form (existing fixture).
+            ("NVRM: GPU at PCI:0000:3b:00: GPU has fallen off the bus.", gpu("0000:3b:00.0")),
+            // Without `at` and `PCI:`, with a function (GPUd's SXid docs; NVIDIA forum quotes).
+            ("NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.", gpu("0000:91:00.0")),
+            // An 8-digit domain, as NVML prints it.
+            ("NVRM: GPU at PCI:00000000:3b:00: GPU has fallen off the bus.", gpu("0000:3b:00.0")),
+            ("NVRM: GPU 00000008:01:00.0: GPU has fallen off the bus.", gpu("0008:01:00.0")),
+            // The long notice in one record (PCI-passthrough and eGPU reports).
+            ("NVRM: The NVIDIA GPU 0000:0e:00.0 (PCI ID: 10de:1b06) installed in this system has fallen off the bus and is not responding to commands.", gpu("0000:0e:00.0")),
+            // ... with the newline the kernel escapes in /dev/kmsg.
+            ("NVRM: The NVIDIA GPU 0000:01:00.0 (PCI ID: 10de:1e07) installed in this\\x0aNVRM: system has fallen off the bus and is not responding to commands.", gpu("0000:01:00.0")),
+            // Its first record alone, and its tail alone (the reader joins them).
+            ("NVRM: The NVIDIA GPU 0000:01:00.0 (PCI ID: 10de:1e07) installed in this", FaultLine::GpuNotice { pci: pci("0000:01:00.0") }),
+            ("NVRM: system has fallen off the bus and is not responding to commands.", FaultLine::FallenOffBusTail),
+        ] {
+            assert_eq!(parse(line), Some(want), "{line}");
+        }
+        for line in [
+            "NVRM: GPU at PCI:0000:3b:00: GPU-abc is fine",
+            "NVRM: GPU 0000:09:00.0: RmInitAdapter failed! (0x22:0x56:894)",
+            "NVRM: GPU at PCI:0000:00:05: GPU-efbdfde9-5798-a6e7-4c46-12518fa15375",
+            // Quoting the notice is not the notice.
+            "audit: cmd=\"echo NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.\"",
+            "kernel: probe: NVRM: The NVIDIA GPU 0000:0e:00.0 has fallen off the bus",
+        ] {
+            assert_eq!(parse(line), None, "{line}");
+        }
     }
 
     #[test]

@@ -130,7 +130,10 @@ pub async fn run(
             })
             .await;
         if settings.wait_for_checkpoint {
-            let done = snapshots.wait_for(|s| s.checkpoints.iter().any(|c| c.notice_id == id));
+            // Until the signalled processes have finished (exited) or the checkpoint hold has
+            // passed: time to write the checkpoint before the host goes down.
+            let done = snapshots
+                .wait_for(|s| s.checkpoints.iter().any(|c| c.notice_id == id && c.settled));
             if tokio::time::timeout(settings.max_delay, done)
                 .await
                 .is_err()

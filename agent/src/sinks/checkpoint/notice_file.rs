@@ -1,0 +1,84 @@
+//! The current ending as a file, for trainers that poll instead of taking a signal (Ray,
+//! Metaflow-style loops, rank-0-only callbacks): `[checkpoint] notice_file`, by default
+//! `/run/gpu-agent/notice.json`, world-readable, replaced atomically, and absent when nothing
+//! is pending. It appears when the ending is acted on (the moment the signal goes out), so a
+//! loop that checkpoints when it exists checkpoints once, in time.
+
+use std::path::Path;
+use std::time::SystemTime;
+
+use serde::Serialize;
+
+use crate::model::Notice;
+
+/// What the file holds.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Contents {
+    /// The notice's stable id (the same ending keeps it).
+    pub id: String,
+    /// `spot`, `scheduled-maintenance`, `capacity-block` or `shutdown`.
+    pub kind: String,
+    /// When the instance goes (RFC 3339).
+    #[serde(with = "crate::model::time")]
+    pub deadline: SystemTime,
+    /// The same, in seconds since the epoch.
+    pub deadline_unix: u64,
+    /// Seconds left when the file was written (compute it afresh from `deadline_unix`).
+    pub seconds_left: u64,
+    /// The notice's own words.
+    pub detail: String,
+    /// The checkpoint signal sent to handlers.
+    pub signal: String,
+    /// When the file was written (RFC 3339).
+    #[serde(with = "crate::model::time")]
+    pub written_at: SystemTime,
+}
+
+impl Contents {
+    /// For `notice`, at `now`.
+    pub fn new(notice: &Notice, signal: &str, now: SystemTime) -> Self {
+        let unix = |t: SystemTime| {
+            t.duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs())
+        };
+        Self {
+            id: notice.id.clone(),
+            kind: notice.kind.name().into(),
+            deadline: notice.deadline,
+            deadline_unix: unix(notice.deadline),
+            seconds_left: notice
+                .deadline
+                .duration_since(now)
+                .map_or(0, |d| d.as_secs()),
+            detail: notice.detail.clone(),
+            signal: signal.into(),
+            written_at: now,
+        }
+    }
+}
+
+/// Write `contents` to `path` (0644, atomically), or remove the file for `None`. Blocking:
+/// call it on the blocking pool.
+pub fn write(path: &Path, contents: Option<&Contents>) {
+    let result = match contents {
+        Some(c) => serde_json::to_vec_pretty(c)
+            .map_err(|e| e.to_string())
+            .and_then(|mut body| {
+                body.push(b'\n');
+                if let Some(dir) = path.parent() {
+                    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+                }
+                crate::fsutil::write_atomic(path, &body).map_err(|e| e.to_string())?;
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+                    .map_err(|e| e.to_string())
+            }),
+        None => match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.to_string()),
+            _ => Ok(()),
+        },
+    };
+    if let Err(e) = result {
+        tracing::warn!(path = %path.display(), error = %e, "Cannot update the notice file.");
+    }
+}
