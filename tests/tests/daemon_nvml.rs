@@ -221,3 +221,74 @@ fn check_polls_nvml_once_and_shows_gpu_rows() {
     assert_eq!(f["action"], "replace");
     let _ = cli; // the plain CLI helper is used by the kernel-log tests
 }
+
+/// The driver's own verdict (NVML field 230, R565+) is a fault with that action; NVML's
+/// critical Xid events reach the agent besides the kernel log, and the same Xid seen by both
+/// is one fault; both join the kernel log's faults on the same GPU row.
+#[test]
+fn the_drivers_recovery_action_and_nvml_xid_events_join_the_kernel_log() {
+    let host = Host::new();
+    let scenario = NvmlScenario::healthy()
+        .gpu(3, "recovery_action = 2")
+        .top("[[event]]\ngpu = 5\nxid = 79\n");
+    let agent = host.start_with_nvml(&scenario, "");
+    let s = agent.wait_for(Duration::from_secs(5), |s| {
+        fault(s, &host, "recovery-action", None).is_some()
+            && fault(s, &host, "xid", Some(79)).is_some()
+    });
+    let verdict = fault(&s, &host, "recovery-action", None).expect("recovery action");
+    assert_eq!(
+        (verdict["severity"].as_str(), verdict["action"].as_str()),
+        (Some("fatal"), Some("reboot")),
+        "{verdict}"
+    );
+    assert!(verdict["component"]["pci"]
+        .as_str()
+        .is_some_and(|p| p.starts_with(&host.gpu_bdf(3))));
+    let event = fault(&s, &host, "xid", Some(79)).expect("xid event");
+    assert_eq!(event["source"], "nvml", "{event}");
+    assert!(event["component"]["pci"]
+        .as_str()
+        .is_some_and(|p| p.starts_with(&host.gpu_bdf(5))));
+
+    // The kernel log prints the same Xid: one fault, one occurrence.
+    inject(&format!(
+        "NVRM: Xid (PCI:{}): 79, pid=1, name=x, GPU has fallen off the bus.",
+        host.gpu_bdf(5)
+    ));
+    // ... and an Xid on GPU 3, whose row then shows it beside the driver's verdict.
+    inject(&format!(
+        "NVRM: Xid (PCI:{}): 48, pid=1, name=x, An uncorrectable double bit error",
+        host.gpu_bdf(3)
+    ));
+    let s = agent.wait_for(Duration::from_secs(5), |s| {
+        fault(s, &host, "xid", Some(48)).is_some()
+    });
+    let xid79: Vec<&Value> = faults_on(&s, &host)
+        .into_iter()
+        .filter(|f| f["code"]["type"] == "xid" && f["code"]["code"] == 79)
+        .collect();
+    assert_eq!(xid79.len(), 1, "{xid79:?}");
+    assert_eq!(
+        xid79[0]["count"], 1,
+        "one occurrence seen twice: {}",
+        xid79[0]
+    );
+    let row = s["gpus"]
+        .as_array()
+        .and_then(|g| {
+            g.iter().find(|g| {
+                g["pci"]
+                    .as_str()
+                    .is_some_and(|p| p.starts_with(&host.gpu_bdf(3)))
+            })
+        })
+        .cloned()
+        .expect("GPU 3 row");
+    let labels = row["faults"].to_string();
+    assert!(
+        labels.contains("Xid 48") && labels.contains("recovery-action"),
+        "{row}"
+    );
+    assert!(agent.stop().success());
+}

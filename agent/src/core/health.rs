@@ -51,6 +51,8 @@ pub struct HealthModel {
 
 /// Boots remembered per fault for recurrence.
 const RECURRENCE_BOOTS: usize = 8;
+/// The same fault reported by two sources this close together is one occurrence.
+const SAME_OCCURRENCE: Duration = Duration::from_secs(10);
 /// Occurrences of a fault closer together than this are one episode (a burst of lines).
 const EPISODE_GAP: Duration = Duration::from_secs(60);
 
@@ -302,7 +304,9 @@ impl HealthModel {
         let gone: Vec<Key> = self
             .faults
             .iter()
-            .filter(|(k, f)| f.source == source && !keys.contains(k))
+            // Events (an Xid the source also reports as it happens) are occurrences, latched
+            // like the kernel log's; only conditions clear when a poll no longer sees them.
+            .filter(|(k, f)| f.source == source && !keys.contains(k) && !k.1.is_event())
             .map(|(k, _)| *k)
             .collect();
         let mut changed = !gone.is_empty();
@@ -351,6 +355,15 @@ impl HealthModel {
         }
         let key = (report.component, report.code);
         if let Some(fault) = self.faults.get_mut(&key) {
+            // One occurrence seen by two paths (the kernel log and NVML's Xid events) is one.
+            let apart = report
+                .at
+                .duration_since(fault.last_seen)
+                .or_else(|e| Ok::<_, ()>(e.duration()))
+                .unwrap_or_default();
+            if fault.source != report.source && apart <= SAME_OCCURRENCE {
+                return;
+            }
             fault.count += 1;
             fault.last_seen = fault.last_seen.max(report.at);
             fault.detail = report.detail;

@@ -108,6 +108,8 @@ pub enum FaultCode {
     PcieDegraded,
     /// Hardware slowdown reported in clock-event reasons.
     ClockSlowdown,
+    /// The driver's own required recovery action (NVML, R565+) is not "none".
+    RecoveryAction,
 }
 
 impl fmt::Display for FaultCode {
@@ -122,6 +124,12 @@ impl fmt::Display for FaultCode {
 }
 
 impl FaultCode {
+    /// An occurrence (an Xid, an SXid, the bus line), latched until cleared, rather than a
+    /// condition a polling source reports while it lasts.
+    pub fn is_event(&self) -> bool {
+        matches!(self, Self::Xid(_) | Self::Sxid(_) | Self::FallenOffBus)
+    }
+
     /// A stable kebab-case name (metric label, reason suffix).
     pub fn slug(&self) -> &'static str {
         match self {
@@ -142,6 +150,7 @@ impl FaultCode {
             Self::NvlinkErrors => "nvlink-errors",
             Self::PcieDegraded => "pcie-degraded",
             Self::ClockSlowdown => "clock-slowdown",
+            Self::RecoveryAction => "recovery-action",
         }
     }
 }

@@ -29,6 +29,7 @@ pub fn reason(code: FaultCode, severity: Severity) -> String {
         FaultCode::NvlinkErrors => "NvidiaNVLinkErrorRate".into(),
         FaultCode::PcieDegraded => "NvidiaPCIeError".into(),
         FaultCode::ClockSlowdown => "NvidiaClockSlowdown".into(),
+        FaultCode::RecoveryAction => "NvidiaGPURecoveryAction".into(),
     }
 }
 

@@ -17,7 +17,7 @@
 
 mod scenario;
 
-use std::ffi::{c_char, c_uint, c_ulonglong};
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong};
 
 use nvml_wrapper_sys::bindings::*;
 
@@ -368,4 +368,103 @@ pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
     with_gpu(device, "clock_events", |g| {
         put(reasons, g.clock_event_reasons)
     })
+}
+
+/// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`.
+const FIELD_RECOVERY_ACTION: c_uint = 230;
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
+    device: nvmlDevice_t,
+    count: c_int,
+    values: *mut nvmlFieldValue_t,
+) -> nvmlReturn_t {
+    if values.is_null() || count <= 0 {
+        return INVALID;
+    }
+    with_gpu(device, "field_values", |g| {
+        for i in 0..count as usize {
+            let v = &mut *values.add(i);
+            match (v.fieldId, g.recovery_action) {
+                (FIELD_RECOVERY_ACTION, Some(action)) => {
+                    v.nvmlReturn = OK;
+                    v.valueType = nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT;
+                    v.value.uiVal = action;
+                }
+                _ => v.nvmlReturn = NOT_SUPPORTED,
+            }
+        }
+        OK
+    })
+}
+
+/// Events delivered so far, by position in the scenario's list.
+static DELIVERED: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> nvmlReturn_t {
+    put(set, 1usize as nvmlEventSet_t)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
+    device: nvmlDevice_t,
+    types: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    with_gpu(device, "events", |_| {
+        put(types, c_ulonglong::from(nvmlEventTypeXidCriticalError))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlDeviceRegisterEvents(
+    device: nvmlDevice_t,
+    _types: c_ulonglong,
+    _set: nvmlEventSet_t,
+) -> nvmlReturn_t {
+    with_gpu(device, "events", |_| OK)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetWait_v2(
+    _set: nvmlEventSet_t,
+    data: *mut nvmlEventData_t,
+    timeout_ms: c_uint,
+) -> nvmlReturn_t {
+    if data.is_null() {
+        return INVALID;
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms.into());
+    loop {
+        let Some(s) = scenario::refreshed() else {
+            return UNINITIALIZED;
+        };
+        let next = {
+            let mut delivered = DELIVERED.lock().unwrap_or_else(|e| e.into_inner());
+            let found = (0..s.events.len()).find(|i| !delivered.contains(i));
+            if let Some(i) = found {
+                delivered.push(i);
+            }
+            found.map(|i| s.events[i].clone())
+        };
+        if let Some(e) = next {
+            let mut out: nvmlEventData_t = std::mem::zeroed();
+            out.device = (e.gpu + 1) as nvmlDevice_t;
+            out.eventType = c_ulonglong::from(nvmlEventTypeXidCriticalError);
+            out.eventData = e.xid;
+            out.gpuInstanceId = u32::MAX;
+            out.computeInstanceId = u32::MAX;
+            *data = out;
+            return OK;
+        }
+        if std::time::Instant::now() >= deadline {
+            return nvmlReturn_enum_NVML_ERROR_TIMEOUT;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlEventSetFree(_set: nvmlEventSet_t) -> nvmlReturn_t {
+    OK
 }

@@ -21,6 +21,19 @@ pub struct Scenario {
     /// enumerate: a call that fails once on a busy or recovering driver).
     #[serde(default)]
     pub count_fails: bool,
+    /// Critical Xid events queued for `nvmlEventSetWait`, each delivered once (by position).
+    #[serde(default, rename = "event")]
+    pub events: Vec<Event>,
+}
+
+/// One critical Xid event.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Event {
+    /// The GPU (NVML index among the visible ones).
+    pub gpu: usize,
+    /// The Xid.
+    pub xid: u64,
 }
 
 fn driver_version() -> String {
@@ -63,6 +76,10 @@ pub struct Gpu {
     pub pcie: Pcie,
     /// `nvmlClocksEventReasons` bit mask.
     pub clock_event_reasons: u64,
+    /// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` (field 230): the driver's required action (0
+    /// none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset); absent: a driver
+    /// older than R565 (the field is not supported).
+    pub recovery_action: Option<u32>,
 }
 
 impl Gpu {

@@ -17,6 +17,9 @@
 //! | NVLink replay/recovery/CRC counters rising faster than [`NVLINK_ERRORS_PER_MINUTE`] | `nvlink-errors` | warning | none |
 //! | PCIe width below the GPU's maximum | `pcie-degraded` | warning | none |
 //! | hardware slowdown clock-event reasons | `clock-slowdown` | warning | none |
+//! | the driver's recovery action (R565+): GPU reset / drain and reset | `recovery-action` | fatal | reset-gpu |
+//! | the driver's recovery action: node reboot | `recovery-action` | fatal | reboot |
+//! | the driver's recovery action: drain P2P | `recovery-action` | warning | restart-app |
 //!
 //! PCIe *generation* below maximum is not a fault: GPUs lower it at idle to save power. It is
 //! exported as a metric.
@@ -347,6 +350,26 @@ fn per_gpu(
             );
         }
     }
+    if let Ok(action) = r.recovery_action {
+        // The driver's own verdict: no Xid table to keep current.
+        let verdict = match action {
+            0 => None,
+            1 => Some((Severity::Fatal, Action::ResetGpu, "GPU_RESET")),
+            2 => Some((Severity::Fatal, Action::Reboot, "NODE_REBOOT")),
+            3 => Some((Severity::Warning, Action::RestartApp, "DRAIN_P2P")),
+            4 => Some((Severity::Fatal, Action::ResetGpu, "DRAIN_AND_RESET")),
+            _ => Some((Severity::Warning, Action::None, "UNKNOWN")),
+        };
+        if let Some((severity, what, name)) = verdict {
+            push(
+                FaultCode::RecoveryAction,
+                severity,
+                what,
+                &format!("GPU_RECOVERY_ACTION_{name}"),
+                format!("the driver requires recovery action {name} ({action}) for this GPU"),
+            );
+        }
+    }
     if let Ok(bits) = r.clock_events {
         if bits & HW_SLOWDOWN_BITS != 0 {
             push(
@@ -405,6 +428,7 @@ mod tests {
                 max_width: 16,
             }),
             clock_events: Ok(0),
+            recovery_action: Err(Unread::NotSupported),
         }
     }
 
@@ -628,5 +652,28 @@ mod tests {
             poll(&untrained, &mut fresh, false),
             [(FaultCode::NvlinkInactive, Severity::Warning)]
         );
+    }
+
+    #[test]
+    fn the_drivers_recovery_action_is_a_fault_and_old_drivers_are_not() {
+        let bus = [pci(0)];
+        for (action, want) in [
+            (1, Some((Severity::Fatal, Action::ResetGpu))),
+            (2, Some((Severity::Fatal, Action::Reboot))),
+            (3, Some((Severity::Warning, Action::RestartApp))),
+            (4, Some((Severity::Fatal, Action::ResetGpu))),
+            (0, None),
+        ] {
+            let mut g = healthy(0);
+            g.recovery_action = Ok(action);
+            let found = codes(&[g], 1, &bus);
+            assert_eq!(
+                found.first().map(|(_, s, a)| (*s, *a)),
+                want,
+                "action {action}: {found:?}"
+            );
+        }
+        // Not supported (before R565): no fault (healthy() reads it so).
+        assert!(codes(&[healthy(0)], 1, &bus).is_empty());
     }
 }

@@ -10,6 +10,7 @@
 //! [`Observation::Poll`]: crate::model::Observation::Poll
 
 mod checks;
+pub mod events;
 mod expected;
 mod probe;
 mod raw;
@@ -216,6 +217,11 @@ fn run(settings: Settings, tx: &mpsc::Sender<Observation>) {
     tracing::info!(library = %settings.library.display(), interval = ?settings.poll_interval, "Polling NVML.");
     if !send(Observation::Source(SourceKind::Nvml, SourceState::On)) {
         return;
+    }
+    let nvml = std::sync::Arc::new(nvml);
+    let branch = host::driver_branch(&settings.sysfs_root);
+    if let Err(e) = events::spawn(std::sync::Arc::clone(&nvml), branch, tx.clone()) {
+        tracing::warn!(error = %e, "Cannot start the NVML events thread.");
     }
     let mut poller = Poller::new(settings.clone());
     loop {

@@ -106,6 +106,9 @@ pub struct GpuReading {
     pub pcie: Read<PcieLink>,
     /// Clock-event (throttle) reason bits.
     pub clock_events: Read<u64>,
+    /// The driver's own required recovery action (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`,
+    /// R565+): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset.
+    pub recovery_action: Read<u32>,
 }
 
 impl GpuReading {
@@ -127,6 +130,7 @@ impl GpuReading {
             nvlink: Err(why.clone()),
             pcie: Err(why.clone()),
             clock_events: Err(why.clone()),
+            recovery_action: Err(why.clone()),
         }
     }
 
@@ -207,6 +211,26 @@ fn read_gpu(nvml: &Nvml, nvml_index: u32, device: &Device<'_>) -> GpuReading {
         nvlink: nvlink(device),
         pcie,
         clock_events: read(device.current_throttle_reasons()).map(|r| r.bits()),
+        recovery_action: recovery_action(device),
+    }
+}
+
+/// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` (field 230). Drivers before R565 answer "not
+/// supported" for the field: no fault.
+const FIELD_RECOVERY_ACTION: u32 = 230;
+
+fn recovery_action(device: &Device<'_>) -> Read<u32> {
+    use nvml_wrapper::enums::device::SampleValue;
+    use nvml_wrapper::structs::device::FieldId;
+    let sample = read(device.field_values_for(&[FieldId(FIELD_RECOVERY_ACTION)]))?
+        .into_iter()
+        .next()
+        .ok_or(Unread::NotSupported)?;
+    match read(sample)?.value {
+        Ok(SampleValue::U32(v)) => Ok(v),
+        Ok(SampleValue::U64(v)) => u32::try_from(v).map_err(|_| Unread::NotSupported),
+        Ok(_) => Err(Unread::NotSupported),
+        Err(e) => Err(raw::classify(e)),
     }
 }
 

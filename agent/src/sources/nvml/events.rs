@@ -1,0 +1,120 @@
+//! NVML's critical Xid events, on a thread of their own: an Xid reaches the agent even where
+//! `/dev/kmsg` is unreadable (a container without `CAP_SYSLOG`, a kernel log that overran).
+//! The same Xid seen in the kernel log too is one fault (the core merges the two paths'
+//! reports of one occurrence).
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::Nvml;
+use tokio::sync::mpsc;
+
+use crate::catalog::{self, DriverBranch};
+use crate::model::{Component, FaultCode, FaultReport, Observation, PciAddress, SourceKind};
+
+/// How long one wait blocks before the thread checks whether the agent is stopping.
+const WAIT_MS: u32 = 1000;
+/// After an error other than a timeout, wait this long before waiting again.
+const AFTER_ERROR: Duration = Duration::from_secs(5);
+
+/// The fault report for Xid `code` on `pci`, seen as an NVML event.
+pub fn report(pci: PciAddress, code: u32, branch: DriverBranch, at: SystemTime) -> FaultReport {
+    FaultReport {
+        component: Component::Gpu { pci },
+        code: FaultCode::Xid(code),
+        class: catalog::classify_xid(code, "", branch),
+        source: SourceKind::Nvml,
+        at,
+        detail: format!("NVML critical Xid event: Xid {code} on {pci}"),
+        cursor: None,
+    }
+}
+
+/// Start the events thread: register every GPU for critical Xid events and forward each one
+/// as a fault until the core is gone. A driver or GPU that cannot register is logged once.
+pub fn spawn(
+    nvml: Arc<Nvml>,
+    branch: DriverBranch,
+    tx: mpsc::Sender<Observation>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("nvml-events".into())
+        .spawn(move || follow(&nvml, branch, &tx))
+}
+
+fn follow(nvml: &Nvml, branch: DriverBranch, tx: &mpsc::Sender<Observation>) {
+    let set = match register(nvml) {
+        Ok(set) => set,
+        Err(reason) => {
+            tracing::info!(%reason, "NVML Xid events are off; the kernel log and polls still report faults.");
+            return;
+        }
+    };
+    tracing::info!("Following NVML critical Xid events.");
+    loop {
+        if tx.is_closed() {
+            return;
+        }
+        match set.wait(WAIT_MS) {
+            Ok(event) => {
+                let Some(XidError::Value(code)) = event.event_data else {
+                    continue;
+                };
+                let Ok(code) = u32::try_from(code) else {
+                    continue;
+                };
+                let pci = event
+                    .device
+                    .pci_info()
+                    .ok()
+                    .and_then(|p| p.bus_id.parse::<PciAddress>().ok());
+                let Some(pci) = pci else {
+                    tracing::warn!(
+                        code,
+                        "NVML Xid event for a GPU whose address cannot be read."
+                    );
+                    continue;
+                };
+                let fault = report(pci, code, branch, SystemTime::now());
+                if tx.blocking_send(Observation::Fault(fault)).is_err() {
+                    return;
+                }
+            }
+            Err(NvmlError::Timeout) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "NVML event wait failed.");
+                std::thread::sleep(AFTER_ERROR);
+            }
+        }
+    }
+}
+
+/// An event set with every GPU that supports critical Xid events registered.
+fn register(nvml: &Nvml) -> Result<nvml_wrapper::EventSet<'_>, String> {
+    let count = nvml
+        .device_count()
+        .map_err(|e| format!("nvmlDeviceGetCount: {e}"))?;
+    let devices: Vec<_> = (0..count)
+        .filter_map(|i| nvml.device_by_index(i).ok())
+        .filter(|d| {
+            d.supported_event_types()
+                .is_ok_and(|t| t.contains(EventTypes::CRITICAL_XID_ERROR))
+        })
+        .collect();
+    if devices.is_empty() {
+        return Err("no GPU supports critical Xid events".into());
+    }
+    let mut set = nvml
+        .create_event_set()
+        .map_err(|e| format!("nvmlEventSetCreate: {e}"))?;
+    for device in &devices {
+        // A failed registration releases the set: the whole feature is then off.
+        set = device
+            .register_events(EventTypes::CRITICAL_XID_ERROR, set)
+            .map_err(|e| format!("nvmlDeviceRegisterEvents: {}", e.error))?;
+    }
+    Ok(set)
+}
