@@ -23,7 +23,7 @@ fn config_with(host: &Host, imds: &FakeImds, opt_in: bool, extra: &str) -> PathB
         _ => ("", extra.to_string()),
     };
     host.config(&format!(
-        "{top}\n[procfs]\nroot = \"/proc\"\n[imds]\nendpoint = {:?}\npoll_interval = \"200ms\"\n[checkpoint]\ndevice_glob = \"{}/nvidia[0-9]*\"\nopt_in_env = {opt_in}\n{rest}",
+        "{top}\n[procfs]\nroot = \"/proc\"\n[imds]\nendpoint = {:?}\npoll_interval = \"200ms\"\nrebalance_interval = \"200ms\"\nscheduled_interval = \"200ms\"\n[checkpoint]\ndevice_glob = \"{}/nvidia[0-9]*\"\nopt_in_env = {opt_in}\n{rest}",
         imds.endpoint(),
         dev.display()
     ))
@@ -216,26 +216,16 @@ fn off_ec2_the_imds_source_is_off_without_touching_the_network() {
     assert!(agent.stop().success());
 }
 
-#[test]
-fn host_shutdown_is_held_until_the_trainer_has_checkpointed_and_exited() {
-    use gpu_agent_e2e::logind::FakeLogind;
-    let host = Host::new();
-    let imds = FakeImds::start();
-    let logind = FakeLogind::start(host.dir.path());
-    let gpu = gpu_device(host.dir.path(), "nvidia2");
-    // Takes 3 s to write its checkpoint after SIGUSR1, then exits.
-    let mut trainer = Trainer::start(host.dir.path(), "handler", "usr1-exit", Some(&gpu), &[]);
-    let agent = Agent::start(
-        &config(
-            &host,
-            &imds,
-            &format!(
-                "[logind]\nbus_address = {:?}\nmax_delay = \"30s\"\n",
-                logind.address
-            ),
-        ),
-        &host.socket(),
-    );
+/// A daemon on the fake logind's bus (`checkpoint` lines join `[checkpoint]`), once it holds
+/// logind's shutdown delay lock.
+fn with_logind(
+    host: &Host,
+    imds: &FakeImds,
+    logind: &gpu_agent_e2e::logind::FakeLogind,
+    checkpoint: &str,
+) -> Agent {
+    let extra = format!("{checkpoint}[logind]\nbus_address = {:?}\n", logind.address);
+    let agent = Agent::start(&config(host, imds, &extra), &host.socket());
     agent.wait_for(Duration::from_secs(5), |s| {
         s["sources"].as_array().is_some_and(|a| {
             a.iter()
@@ -247,6 +237,19 @@ fn host_shutdown_is_held_until_the_trainer_has_checkpointed_and_exited() {
         [("shutdown".to_string(), "delay".to_string())],
         "a shutdown delay lock is held"
     );
+    agent
+}
+
+#[test]
+fn host_shutdown_is_held_until_the_trainer_has_checkpointed_and_exited() {
+    use gpu_agent_e2e::logind::FakeLogind;
+    let host = Host::new();
+    let imds = FakeImds::start();
+    let logind = FakeLogind::start(host.dir.path());
+    let gpu = gpu_device(host.dir.path(), "nvidia2");
+    // Takes 3 s to write its checkpoint after SIGUSR1, then exits.
+    let mut trainer = Trainer::start(host.dir.path(), "handler", "usr1-exit", Some(&gpu), &[]);
+    let agent = with_logind(&host, &imds, &logind, "");
 
     logind.prepare_for_shutdown(true);
     wait(Duration::from_secs(5), "the signal", || {
@@ -289,16 +292,11 @@ fn a_spot_notice_then_the_shutdown_signal_once_and_the_notice_file_comes_and_goe
     let gpu = gpu_device(host.dir.path(), "nvidia3");
     let trainer = Trainer::start(host.dir.path(), "handler", "usr1", Some(&gpu), &[]);
     let notice_file = host.dir.path().join("run/notice.json");
-    let agent = Agent::start(
-        &config(
-            &host,
-            &imds,
-            &format!(
-                "notice_file = {notice_file:?}\nhold = \"1s\"\n[logind]\nbus_address = {:?}\n",
-                logind.address
-            ),
-        ),
-        &host.socket(),
+    let agent = with_logind(
+        &host,
+        &imds,
+        &logind,
+        &format!("notice_file = {notice_file:?}\nhold = \"1s\"\n"),
     );
     assert!(!notice_file.exists(), "nothing pending, no file");
     let deadline = rfc3339(SystemTime::now() + Duration::from_secs(120));

@@ -284,6 +284,10 @@ fn spawn_client_sources(
         let settings = imds::Settings {
             endpoint: Some(config.imds.endpoint.clone()).filter(|e| !e.is_empty()),
             poll_interval: config.imds.poll_interval.0,
+            slow_intervals: [
+                config.imds.rebalance_interval.0,
+                config.imds.scheduled_interval.0,
+            ],
             sysfs_root: config.sysfs.root.clone(),
         };
         tokio::spawn(imds::run(settings, sink_tx.clone(), shutdown.clone()));

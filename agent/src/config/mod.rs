@@ -183,8 +183,12 @@ pub struct ImdsConfig {
     /// Endpoint override (tests point it at a loopback server); empty: the standard
     /// `AWS_EC2_METADATA_SERVICE_ENDPOINT` variable, else the link-local address on EC2.
     pub endpoint: String,
-    /// How often to poll.
+    /// How often the Spot instance-action is polled (it gives two minutes).
     pub poll_interval: HumanDuration,
+    /// How often the rebalance recommendation is polled (it changes rarely).
+    pub rebalance_interval: HumanDuration,
+    /// How often scheduled events are polled (announced days ahead).
+    pub scheduled_interval: HumanDuration,
 }
 
 impl Default for ImdsConfig {
@@ -193,6 +197,8 @@ impl Default for ImdsConfig {
             enabled: true,
             endpoint: String::new(),
             poll_interval: HumanDuration(std::time::Duration::from_secs(1)),
+            rebalance_interval: HumanDuration(std::time::Duration::from_secs(30)),
+            scheduled_interval: HumanDuration(std::time::Duration::from_secs(60)),
         }
     }
 }
@@ -311,7 +317,8 @@ pub struct KubernetesConfig {
     pub hardware_condition: String,
     /// Condition type for a pending end of the instance.
     pub interruption_condition: String,
-    /// A burst of changes is gathered this long before one PATCH.
+    /// The first change after a quiet window is written at once; changes within this long
+    /// of a write are gathered into the next PATCH.
     pub debounce: HumanDuration,
     /// `lastHeartbeatTime` is refreshed this often with no change.
     pub heartbeat_interval: HumanDuration,

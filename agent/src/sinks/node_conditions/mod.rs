@@ -2,8 +2,9 @@
 //! (`AcceleratedHardwareReady`, `InterruptionPending`) on the EKS node monitoring agent's
 //! contract, and records every warning and fatal fault as a Node Event.
 //!
-//! Changes are debounced (a burst becomes one PATCH) and reach the API server within the
-//! debounce; a heartbeat refreshes `lastHeartbeatTime`. When the API server is down, slow or
+//! The first change after a quiet window is written at once; changes that follow within
+//! the window are coalesced into the next PATCH (a burst costs one PATCH per window); a
+//! heartbeat refreshes `lastHeartbeatTime`. When the API server is down, slow or
 //! hung (every call is time-limited by the shared [`Link`]) the desired state is kept (only
 //! the latest matters, so memory is bounded) and retried with backoff until it converges,
 //! and the sink shows as `failed` with the reason. No kubeconfig and not in a pod: `off`,
@@ -236,6 +237,7 @@ pub async fn run(
     let mut backoff = MIN_BACKOFF;
     let mut last_error: Option<String> = None;
     let mut reported_on = false;
+    let mut last_write: Option<Instant> = None;
     loop {
         let wake = due.map_or(next_heartbeat, |d| d.min(next_heartbeat));
         tokio::select! {
@@ -243,9 +245,12 @@ pub async fn run(
                 if changed.is_err() {
                     return;
                 }
-                // Debounce: the first change of a burst sets the deadline; later ones join it.
+                // The first change after a quiet window is written at once; changes within
+                // the window after a write join the next one (a flood costs one PATCH per
+                // window, the first fault none of it).
                 if due.is_none() {
-                    due = Some(Instant::now() + settings.debounce);
+                    let now = Instant::now();
+                    due = Some(last_write.map_or(now, |at| (at + settings.debounce).max(now)));
                 }
                 continue;
             }
@@ -258,6 +263,7 @@ pub async fn run(
             continue;
         }
         let snapshot = Arc::clone(&snapshots.borrow_and_update());
+        last_write = Some(now);
         match writer.sync(&snapshot, heartbeat).await {
             Ok(()) => {
                 // A known end that becomes due with time alone (deadline - lead) is written

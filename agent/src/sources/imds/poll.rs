@@ -19,8 +19,10 @@ const RECHECK: Duration = Duration::from_secs(600);
 pub struct Settings {
     /// Endpoint override; `None`: the standard variable, else the link-local default.
     pub endpoint: Option<String>,
-    /// Poll period.
+    /// Poll period of the Spot instance-action.
     pub poll_interval: Duration,
+    /// Poll periods of the rebalance recommendation and scheduled events.
+    pub slow_intervals: [Duration; 2],
     /// sysfs root (EC2 detection).
     pub sysfs_root: PathBuf,
 }
@@ -68,8 +70,12 @@ pub const PATHS: [&str; 3] = [
     "events/maintenance/scheduled",
 ];
 
-/// One poll: for each of [`PATHS`], its current notices or why it could not be read.
-pub async fn poll(client: &aws_config::imds::Client) -> [Result<Vec<Notice>, PathError>; 3] {
+/// One poll of the paths in `due`: for each of [`PATHS`], its current notices, why it could
+/// not be read, or `None` when it was not due.
+pub async fn poll(
+    client: &aws_config::imds::Client,
+    due: [bool; 3],
+) -> [Option<Result<Vec<Notice>, PathError>>; 3] {
     let parsed = |path: &str, body: Option<String>| -> Result<Vec<Notice>, PathError> {
         let Some(body) = body else {
             return Ok(Vec::new());
@@ -84,12 +90,14 @@ pub async fn poll(client: &aws_config::imds::Client) -> [Result<Vec<Notice>, Pat
             unauthorized: false,
         })
     };
-    let mut out = [Ok(Vec::new()), Ok(Vec::new()), Ok(Vec::new())];
-    for (slot, path) in out.iter_mut().zip(PATHS) {
-        *slot = match get(client, path).await {
-            Ok(body) => parsed(path, body),
-            Err(e) => Err(e),
-        };
+    let mut out = [None, None, None];
+    for ((slot, path), due) in out.iter_mut().zip(PATHS).zip(due) {
+        if due {
+            *slot = Some(match get(client, path).await {
+                Ok(body) => parsed(path, body),
+                Err(e) => Err(e),
+            });
+        }
     }
     out
 }
@@ -136,22 +144,47 @@ pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown
     // Each path's notices as last read; a path that fails keeps what it had (an unreachable
     // IMDS is no all-clear).
     let mut known: [Vec<Notice>; 3] = Default::default();
+    // The slow paths' next poll; a failing path is retried every tick until it answers.
+    let start = tokio::time::Instant::now();
+    let mut next_due = [start, start];
+    let mut failing = [false; 3];
+    let mut path_errors: [Option<String>; 3] = Default::default();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             () = shutdown.wait() => return,
         }
-        let mut errors = Vec::new();
+        let now = tokio::time::Instant::now();
+        let due = [
+            true,
+            now >= next_due[0] || failing[1],
+            now >= next_due[1] || failing[2],
+        ];
+        for (next, (interval, polled)) in next_due
+            .iter_mut()
+            .zip(settings.slow_intervals.iter().zip(&due[1..]))
+        {
+            if *polled {
+                *next = now + *interval;
+            }
+        }
         let mut reauth = false;
-        for (slot, result) in known.iter_mut().zip(poll(&client).await) {
+        for (i, result) in poll(&client, due).await.into_iter().enumerate() {
             match result {
-                Ok(notices) => *slot = notices,
-                Err(e) => {
+                None => {}
+                Some(Ok(notices)) => {
+                    known[i] = notices;
+                    failing[i] = false;
+                    path_errors[i] = None;
+                }
+                Some(Err(e)) => {
                     reauth |= e.unauthorized;
-                    errors.push(e.reason);
+                    failing[i] = true;
+                    path_errors[i] = Some(e.reason);
                 }
             }
         }
+        let errors: Vec<String> = path_errors.iter().flatten().cloned().collect();
         if reauth {
             // aws-config's client keeps its cached session token until the token's TTL runs
             // out, even when IMDS answers 401 (the token was invalidated early): a fresh
