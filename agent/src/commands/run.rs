@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use super::{HostFacts, SHUTDOWN_GRACE};
 use crate::config::Loaded;
 use crate::core::{Core, StateStore};
-use crate::model::{NoticeKind, Observation, SourceKind, SourceState};
+use crate::model::{Observation, SourceKind, SourceState};
 use crate::sinks::{checkpoint, metrics, status, systemd};
 use crate::sources::{kmsg, nvml};
 
@@ -310,7 +310,10 @@ fn spawn_client_sources(
             bus_address: Some(config.logind.bus_address.clone()).filter(|a| !a.is_empty()),
             max_delay: config.logind.max_delay.0,
             wait_for_checkpoint: config.checkpoint.enabled
-                && config.checkpoint.triggers.contains(&NoticeKind::Shutdown),
+                && config
+                    .checkpoint
+                    .triggers
+                    .contains(&crate::model::NoticeKind::Shutdown),
         };
         tokio::spawn(logind::run(
             settings,
