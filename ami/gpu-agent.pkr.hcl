@@ -94,7 +94,8 @@ build {
       "systemctl is-enabled gpu-agent.service gpu-agent-kubelet-config.service",
       "gpu-agent --version",
       # The bake boot's kernel-log cursor and faults must not ship in the image: the state
-      # belongs to the instance that runs it (DynamicUser keeps it under /var/lib/private).
+      # belongs to the instance that runs it (/var/lib/private is where an older, DynamicUser
+      # build of the unit kept it).
       "sudo systemctl stop gpu-agent.service",
       "sudo rm -rf /var/lib/private/gpu-agent /var/lib/gpu-agent",
     ]
