@@ -29,7 +29,7 @@ mkdir -p "$out"
 
 for tool in cargo-deb cargo-generate-rpm; do
   if ! command -v "$tool" >/dev/null; then
-    echo "build-packages.sh: $tool is missing: cargo install --locked cargo-deb cargo-generate-rpm" >&2
+    echo "build-packages.sh: $tool is missing: cargo install --locked cargo-deb cargo-generate-rpm (scripts/test.sh installs the pinned versions)" >&2
     exit 69
   fi
 done

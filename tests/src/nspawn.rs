@@ -29,7 +29,7 @@ pub fn rootfs() -> PathBuf {
                 "bookworm",
             ])
             .arg(&partial),
-        "apt install debootstrap; .ci/run installs it",
+        "apt install debootstrap, or run the suite with scripts/test.sh, which installs it",
     );
     std::fs::rename(&partial, &root).expect("publish rootfs");
     root
@@ -71,7 +71,7 @@ impl Container {
             .stdout(console.try_clone().expect("log"))
             .stderr(console)
             .spawn()
-            .expect("systemd-nspawn (apt install systemd-container; .ci/run installs it)");
+            .expect("systemd-nspawn (apt install systemd-container, or run the suite with scripts/test.sh)");
         let mut container = Container {
             nspawn,
             init: 0,

@@ -4,7 +4,7 @@
 //! sees in `systemctl status` and the journal, react to a kernel-log Xid, and stop cleanly.
 //!
 //! Needs root, cargo-deb, cargo-generate-rpm, rpm, debootstrap and systemd-container;
-//! `.ci/run` installs them.
+//! `scripts/test.sh` installs them (the cargo tools into /var/cache/gpu-agent-tests/tools).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,7 +31,7 @@ fn packages() -> &'static Path {
                 .args(["--profile", profile, "--no-build", "--fast", "--out"])
                 .arg(dir.path())
                 .env("CARGO_TARGET_DIR", target),
-            "cargo install --locked cargo-deb cargo-generate-rpm; .ci/run installs them",
+            "cargo-deb and cargo-generate-rpm: run the suite with scripts/test.sh, which installs them into /var/cache/gpu-agent-tests/tools and puts them on PATH",
         );
         dir
     })
@@ -52,7 +52,10 @@ fn package(ext: &str) -> PathBuf {
 }
 
 fn run(cmd: &mut Command) -> String {
-    gpu_agent_e2e::run_ok(cmd, ".ci/run installs rpm, dpkg-deb and binutils")
+    gpu_agent_e2e::run_ok(
+        cmd,
+        "apt install rpm dpkg binutils, or run the suite with scripts/test.sh",
+    )
 }
 
 #[test]

@@ -161,7 +161,7 @@ fn alert_rules_pass_promtool() {
         Command::new("promtool")
             .args(["check", "rules"])
             .arg(&rules),
-        "apt install prometheus; .ci/run installs it",
+        "apt install prometheus (promtool), or run the suite with scripts/test.sh",
     );
 }
 
@@ -178,7 +178,7 @@ fn ami_template_passes_packer_validate() {
             .args(["--net", "packer", "validate"])
             .arg(format!("-var=package={}", rpm.display()))
             .arg(&ami),
-        "apt install packer; .ci/run installs it",
+        "apt install packer, or run the suite with scripts/test.sh",
     );
 }
 
