@@ -25,8 +25,10 @@ case "$what" in all | size)
   stat -c '%s bytes  %n' "$GPU_AGENT_BIN"
   ;; esac
 case "$what" in all | footprint)
-  echo "== start-to-READY and idle footprint, all sources on (${FOOTPRINT_SECS:-600} s)"
-  bench gpu-agent-e2e footprint
+  for config in kmsg kmsg+imds kmsg+imds+kube all; do
+    echo "== start-to-READY and idle footprint, $config (${FOOTPRINT_SECS:-600} s)"
+    FOOTPRINT_CONFIG=$config bench gpu-agent-e2e footprint
+  done
   ;; esac
 case "$what" in all | latency)
   echo "== kernel-log line to Kubernetes API request"

@@ -4,6 +4,12 @@
 //! by default), the test IMDS (polled every second), the test EC2 API, the test Kubernetes
 //! API server (conditions, heartbeat every minute) and a fake logind on a private D-Bus.
 //!
+//! `FOOTPRINT_CONFIG` picks fewer sources, to see what each costs: `kmsg` (the kernel log
+//! only), `kmsg+imds` (and IMDS polled every second), `kmsg+imds+kube` (and the Kubernetes
+//! sink), or `all` (default). Besides RSS and CPU it prints where the resident memory is, from
+//! `/proc/PID/smaps`: the binary's own pages, shared libraries, heap and other anonymous
+//! memory, stacks.
+//!
 //! `sudo tests/bench.sh footprint`, or
 //! `sudo GPU_AGENT_BIN=target/release/gpu-agent FOOTPRINT_SECS=600 \
 //!   cargo bench -p gpu-agent-e2e --bench footprint`
@@ -28,20 +34,44 @@ fn main() {
     let api = KubeApi::start(&["bench-node"]);
     let logind = FakeLogind::start(host.dir.path());
     NvmlScenario::healthy().write(&host);
+    let which = std::env::var("FOOTPRINT_CONFIG").unwrap_or_else(|_| "all".into());
+    let on = |part: &str| which == "all" || which.split('+').any(|p| p == part);
+    let off = |section: &str| format!("[{section}]\nenabled = false\n");
     let config = host.config(&format!(
-        "node_name = \"bench-node\"\n\
-         [nvml]\nlibrary = {:?}\nexpected_gpus = 8\n\
-         [imds]\nendpoint = {:?}\n\
-         [ec2]\nendpoint = {:?}\n\
-         [kubernetes]\nkubeconfig = {:?}\n\
-         [logind]\nbus_address = {:?}\n\
-         [metrics]\nlisten = \"127.0.0.1:{}\"\n",
-        fake_nvml(),
-        imds.endpoint(),
-        ec2.endpoint(),
-        api.kubeconfig(host.dir.path()),
-        logind.address,
-        gpu_agent_e2e::free_port(),
+        "node_name = \"bench-node\"\n{}{}{}{}{}{}",
+        if on("nvml") {
+            format!("[nvml]\nlibrary = {:?}\nexpected_gpus = 8\n", fake_nvml())
+        } else {
+            off("nvml")
+        },
+        if on("imds") {
+            format!("[imds]\nendpoint = {:?}\n", imds.endpoint())
+        } else {
+            off("imds")
+        },
+        if on("ec2") {
+            format!("[ec2]\nendpoint = {:?}\n", ec2.endpoint())
+        } else {
+            off("ec2")
+        },
+        if on("kube") {
+            format!(
+                "[kubernetes]\nkubeconfig = {:?}\n",
+                api.kubeconfig(host.dir.path())
+            )
+        } else {
+            off("kubernetes")
+        },
+        if on("logind") {
+            format!("[logind]\nbus_address = {:?}\n", logind.address)
+        } else {
+            off("logind")
+        },
+        // The metrics endpoint is on in every configuration, as it is by default.
+        format_args!(
+            "[metrics]\nlisten = \"127.0.0.1:{}\"\n",
+            gpu_agent_e2e::free_port()
+        ),
     ));
     let notify_path = host.dir.path().join("notify.sock");
     let notify = UnixDatagram::bind(&notify_path).expect("bind notify socket");
@@ -101,11 +131,43 @@ fn main() {
     }
     let cpu = (cpu_ticks(pid) - ticks0) as f64 / 100.0 / t0.elapsed().as_secs_f64() * 100.0;
     println!(
-        "idle {secs} s, all sources on: RSS {} KiB now, max {rss_max} KiB, VmHWM {} KiB; CPU {cpu:.3}% of one core; IMDS GETs {}, API requests {}",
+        "idle {secs} s, {which}: RSS {} KiB now, max {rss_max} KiB, VmHWM {} KiB; CPU {cpu:.3}% of one core; IMDS GETs {}, API requests {}",
         status_kib(pid, "VmRSS:"),
         status_kib(pid, "VmHWM:"),
         imds.gets(),
         api.requests().len()
     );
+    println!("resident memory by mapping (KiB): {}", breakdown(pid));
     drop(agent);
+}
+
+/// Resident KiB per kind of mapping in `/proc/PID/smaps`: the binary's own pages, shared
+/// libraries, heap, other anonymous memory (allocator arenas, thread stacks), the main stack.
+fn breakdown(pid: u32) -> String {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+    let mut groups: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+    let mut kind = "anonymous";
+    for line in smaps.lines() {
+        let mut fields = line.split_whitespace();
+        let first = fields.next().unwrap_or_default();
+        if first.contains('-') && first.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+            let path = line.split_whitespace().nth(5).unwrap_or("");
+            kind = match path {
+                "" => "anonymous",
+                "[heap]" => "heap",
+                "[stack]" => "stack",
+                p if p.ends_with("/gpu-agent") => "binary",
+                p if p.starts_with('[') => "kernel",
+                _ => "libraries",
+            };
+        } else if first == "Rss:" {
+            *groups.entry(kind).or_default() +=
+                fields.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+        }
+    }
+    groups
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
