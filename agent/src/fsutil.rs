@@ -13,6 +13,18 @@ pub struct WriteError {
     pub source: std::io::Error,
 }
 
+/// Write `value` as pretty JSON (with a final newline) through [`write_atomic`], creating the
+/// directory first. The error names the file.
+pub fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), String> {
+    let mut body =
+        serde_json::to_vec_pretty(value).map_err(|e| format!("{}: {e}", path.display()))?;
+    body.push(b'\n');
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    write_atomic(path, &body).map_err(|e| e.to_string())
+}
+
 /// Replace `path` with `contents` atomically: write a temporary sibling, fsync it, keep the
 /// old file as `<path>.bak`, rename the new one into place and fsync the directory. A crash
 /// at any point leaves either the old or the new file, never a mix.

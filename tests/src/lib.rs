@@ -263,6 +263,31 @@ impl Host {
         path
     }
 
+    /// A config for checkpoint tests: the real /proc (the trainers are real processes), the
+    /// test IMDS with every notice path polled every 200 ms, the trainers' fake GPU devices
+    /// under `<dir>/dev`, and `opt_in_env`. `extra` lines before its first table go at the top
+    /// (`node_name`), the rest after the `[checkpoint]` keys (so its own first keys are
+    /// checkpoint keys too).
+    pub fn checkpoint_config(
+        &self,
+        imds: &crate::imds::FakeImds,
+        opt_in: bool,
+        extra: &str,
+    ) -> PathBuf {
+        let (top, rest) = match extra.split_once("\n[") {
+            Some((top, rest)) if top.starts_with("node_name") => (top, format!("[{rest}")),
+            _ => ("", extra.to_string()),
+        };
+        self.config(&format!(
+            "{top}\n[procfs]\nroot = \"/proc\"\n\
+             [imds]\nendpoint = {:?}\npoll_interval = \"200ms\"\n\
+             rebalance_interval = \"200ms\"\nscheduled_interval = \"200ms\"\n\
+             [checkpoint]\ndevice_glob = \"{}/nvidia[0-9]*\"\nopt_in_env = {opt_in}\n{rest}",
+            imds.endpoint(),
+            self.dir.path().join("dev").display()
+        ))
+    }
+
     /// The status socket.
     pub fn socket(&self) -> PathBuf {
         self.dir.path().join("agent.sock")

@@ -11,22 +11,7 @@ use gpu_agent_e2e::{cli, wait_until as wait, Agent, Host};
 /// The daemon under test scans the real /proc. Only the test that exercises the opt-in
 /// variable honours it, so daemons of tests running in parallel leave its processes alone.
 fn config(host: &Host, imds: &FakeImds, extra: &str) -> PathBuf {
-    config_with(host, imds, false, extra)
-}
-
-/// `extra` lines before its first table go at the top (`node_name`), the rest after the
-/// `[checkpoint]` keys (so its own first keys are checkpoint keys too).
-fn config_with(host: &Host, imds: &FakeImds, opt_in: bool, extra: &str) -> PathBuf {
-    let dev = host.dir.path().join("dev");
-    let (top, rest) = match extra.split_once("\n[") {
-        Some((top, rest)) if top.starts_with("node_name") => (top, format!("[{rest}")),
-        _ => ("", extra.to_string()),
-    };
-    host.config(&format!(
-        "{top}\n[procfs]\nroot = \"/proc\"\n[imds]\nendpoint = {:?}\npoll_interval = \"200ms\"\nrebalance_interval = \"200ms\"\nscheduled_interval = \"200ms\"\n[checkpoint]\ndevice_glob = \"{}/nvidia[0-9]*\"\nopt_in_env = {opt_in}\n{rest}",
-        imds.endpoint(),
-        dev.display()
-    ))
+    host.checkpoint_config(imds, false, extra)
 }
 
 #[test]
@@ -43,7 +28,7 @@ fn a_spot_notice_signals_handlers_once_and_never_a_process_without_one() {
         None,
         &[("GPU_AGENT_CHECKPOINT_SIGNAL", "SIGUSR2")],
     );
-    let config = config_with(&host, &imds, true, "");
+    let config = host.checkpoint_config(&imds, true, "");
 
     // The drill shows who is in and who is out, and why.
     let (code, out, _) = cli(&[
@@ -359,6 +344,10 @@ fn a_spot_notice_then_the_shutdown_signal_once_and_the_notice_file_comes_and_goe
     wait(Duration::from_secs(5), "the notice file removed", || {
         !notice_file.exists()
     });
+    assert!(
+        !notice_file.with_extension("json.bak").exists(),
+        "no stale copy of the ending left beside it"
+    );
     assert!(agent.stop().success());
 }
 

@@ -28,18 +28,6 @@ fn source_state(s: &Value, source: &str) -> String {
         .unwrap_or_default()
 }
 
-/// Real /proc (the trainers are real processes), every IMDS path polled every 200 ms, the
-/// trainers' fake GPU devices; `extra` tables go before `[imds]`.
-fn imds_config(host: &Host, imds: &FakeImds, extra: &str) -> std::path::PathBuf {
-    host.config(&format!(
-        "[procfs]\nroot = \"/proc\"\n{extra}[imds]\nendpoint = {:?}\npoll_interval = \"200ms\"\n\
-         rebalance_interval = \"200ms\"\nscheduled_interval = \"200ms\"\n\
-         [checkpoint]\ndevice_glob = \"{}/nvidia[0-9]*\"\nopt_in_env = false\n",
-        imds.endpoint(),
-        host.dir.path().join("dev").display()
-    ))
-}
-
 fn xid(host: &Host, gpu: usize, code: u32) {
     inject(&format!(
         "NVRM: Xid (PCI:{}): {code}, pid=1, name=train, injected fault",
@@ -122,7 +110,7 @@ fn imds_slow_failing_malformed_and_expired_tokens_still_deliver_the_notice() {
     let imds = FakeImds::start();
     let gpu = gpu_device(host.dir.path(), "nvidia0");
     let trainer = Trainer::start(host.dir.path(), "trainer", "usr1", Some(&gpu), &[]);
-    let config = imds_config(&host, &imds, "");
+    let config = host.checkpoint_config(&imds, false, "");
     let agent = Agent::start(&config, &host.socket());
     agent.wait_for(Duration::from_secs(5), |s| source_state(s, "imds") == "on");
 
@@ -200,7 +188,7 @@ fn a_bad_imds_body_on_one_path_never_hides_a_spot_notice() {
     let gpu = gpu_device(host.dir.path(), "nvidia0");
     let trainer = Trainer::start(host.dir.path(), "trainer", "usr1", Some(&gpu), &[]);
     // The Capacity Block source has its own IMDS session: off, to count this one's.
-    let config = imds_config(&host, &imds, "[ec2]\nenabled = false\n");
+    let config = host.checkpoint_config(&imds, false, "[ec2]\nenabled = false\n");
     imds.set_rebalance(Some(r#"{"noticeTime": "#));
     let agent = Agent::start(&config, &host.socket());
     let s = agent.wait_for(Duration::from_secs(5), |s| {

@@ -140,25 +140,19 @@ fn a_gpu_nodes_life_never_condemns_it_and_never_silences_the_agent() {
     });
     let grace = uptime() + Duration::from_secs(300);
     let extra = format!(
-        "[procfs]\nroot = \"/proc\"\n\
-         [imds]\nendpoint = {imds:?}\npoll_interval = \"200ms\"\n\
-         [checkpoint]\ndevice_glob = \"{dev}/nvidia[0-9]*\"\ncordon = true\n\
+        "cordon = true\n\
          [logind]\nbus_address = {bus:?}\nmax_delay = \"30s\"\n\
          [kmsg]\naccept_userspace = false\n\
          [kubernetes]\nkubeconfig = {kubeconfig:?}\ntimeout = \"1s\"\nheartbeat_interval = \"2s\"\n\
-         kubelet_environment = {env:?}\n",
-        imds = imds.endpoint(),
-        dev = host.dir.path().join("dev").display(),
+         kubelet_environment = {env:?}\n\
+         {nvml}nvlink_boot_grace = \"{grace}s\"\n",
         bus = logind.address,
         env = host.dir.path().join("eks-kubelet-environment"),
-    );
-    let nvml = format!(
-        "{}nvlink_boot_grace = \"{}s\"\n",
-        host.nvml_config(),
-        grace.as_secs()
+        nvml = host.nvml_config(),
+        grace = grace.as_secs(),
     );
     untrained.write(&host);
-    let config = host.config(&format!("{extra}\n{nvml}"));
+    let config = host.checkpoint_config(&imds, false, &extra);
     // The kernel log is shared with every other test, whose Xid drills are still in the
     // ring: this agent starts from the newest record, as an agent restarted in this boot
     // would (its saved cursor), so only this test's records count.

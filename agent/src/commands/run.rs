@@ -134,6 +134,7 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
                 kubelet_environment: config.kubernetes.kubelet_environment.clone(),
                 timeout: config.kubernetes.timeout.0,
             },
+            host.node_name.clone(),
             sink_tx.clone(),
         )
     });

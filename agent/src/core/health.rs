@@ -359,8 +359,7 @@ impl HealthModel {
             let apart = report
                 .at
                 .duration_since(fault.last_seen)
-                .or_else(|e| Ok::<_, ()>(e.duration()))
-                .unwrap_or_default();
+                .unwrap_or_else(|e| e.duration());
             if fault.source != report.source && apart <= SAME_OCCURRENCE {
                 return;
             }

@@ -60,23 +60,18 @@ impl Contents {
 /// Write `contents` to `path` (0644, atomically), or remove the file for `None`. Blocking:
 /// call it on the blocking pool.
 pub fn write(path: &Path, contents: Option<&Contents>) {
+    use std::os::unix::fs::PermissionsExt;
     let result = match contents {
-        Some(c) => serde_json::to_vec_pretty(c)
-            .map_err(|e| e.to_string())
-            .and_then(|mut body| {
-                body.push(b'\n');
-                if let Some(dir) = path.parent() {
-                    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-                }
-                crate::fsutil::write_atomic(path, &body).map_err(|e| e.to_string())?;
-                use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
-                    .map_err(|e| e.to_string())
-            }),
-        None => match std::fs::remove_file(path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.to_string()),
-            _ => Ok(()),
-        },
+        Some(c) => crate::fsutil::write_json(path, c).and_then(|()| {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+                .map_err(|e| e.to_string())
+        }),
+        // The atomic write keeps the previous version beside it: that goes too.
+        None => [path.to_path_buf(), crate::fsutil::backup_path(path)]
+            .iter()
+            .map(std::fs::remove_file)
+            .find_map(|r| r.err().filter(|e| e.kind() != std::io::ErrorKind::NotFound))
+            .map_or(Ok(()), |e| Err(e.to_string())),
     };
     if let Err(e) = result {
         tracing::warn!(path = %path.display(), error = %e, "Cannot update the notice file.");

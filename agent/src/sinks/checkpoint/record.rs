@@ -67,15 +67,7 @@ impl Record {
 
     /// Save to `path` atomically (blocking: call it on the blocking pool).
     pub fn save(&self, path: &Path) {
-        let result = serde_json::to_vec_pretty(self)
-            .map_err(|e| e.to_string())
-            .and_then(|b| {
-                if let Some(dir) = path.parent() {
-                    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-                }
-                crate::fsutil::write_atomic(path, &b).map_err(|e| e.to_string())
-            });
-        if let Err(e) = result {
+        if let Err(e) = crate::fsutil::write_json(path, self) {
             tracing::warn!(error = %e, "Cannot remember signalled notices; a restart may signal one again.");
         }
     }

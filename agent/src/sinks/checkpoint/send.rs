@@ -50,7 +50,7 @@ pub fn send(procfs: &Path, pid: i32, start_time: u64, signal: Signal) -> Result<
         },
     })?;
     match targets::stat(procfs, pid) {
-        Some((_, _, start)) if start == start_time => {}
+        Some(s) if s.start_time == start_time => {}
         Some(_) => return Err(SendError::Reused(pid)),
         None => return Err(SendError::Gone(pid)),
     }

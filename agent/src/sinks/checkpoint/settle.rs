@@ -15,8 +15,7 @@ const POLL: Duration = Duration::from_millis(100);
 
 /// Is the process `pid` that started at `start_time` still running (not gone, not a zombie)?
 pub fn running(procfs: &std::path::Path, pid: i32, start_time: u64) -> bool {
-    targets::stat(procfs, pid).is_some_and(|(_, _, start)| start == start_time)
-        && !targets::zombie(procfs, pid)
+    targets::stat(procfs, pid).is_some_and(|s| s.start_time == start_time && !s.zombie)
 }
 
 /// Report `base` with `waiting_for` narrowing to the `targets` still running, until none is

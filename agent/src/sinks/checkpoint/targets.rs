@@ -103,27 +103,31 @@ fn read(path: &Path) -> Option<String> {
         .map(|b| String::from_utf8_lossy(&b).into_owned())
 }
 
-/// `(comm, ppid, start_time)` from `/proc/PID/stat` (comm may hold spaces and parentheses).
-pub fn stat(procfs: &Path, pid: i32) -> Option<(String, i32, u64)> {
+/// What `/proc/PID/stat` says of a process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stat {
+    /// The kernel's 15-character command name.
+    pub comm: String,
+    /// Parent PID.
+    pub ppid: i32,
+    /// Start time in clock ticks since boot.
+    pub start_time: u64,
+    /// Exited, waiting for its parent to reap it (state `Z` or `X`).
+    pub zombie: bool,
+}
+
+/// `/proc/PID/stat`, parsed (comm may hold spaces and parentheses).
+pub fn stat(procfs: &Path, pid: i32) -> Option<Stat> {
     let text = read(&procfs.join(pid.to_string()).join("stat"))?;
     let open = text.find('(')?;
     let close = text.rfind(')')?;
-    let comm = text[open + 1..close].to_string();
     let fields: Vec<&str> = text[close + 1..].split_whitespace().collect();
     // After the comm: state(0) ppid(1) ... starttime is field 22 overall, index 19 here.
-    Some((
-        comm,
-        fields.get(1)?.parse().ok()?,
-        fields.get(19)?.parse().ok()?,
-    ))
-}
-
-/// Has the process exited and wait for its parent to reap it (state `Z`)?
-pub fn zombie(procfs: &Path, pid: i32) -> bool {
-    read(&procfs.join(pid.to_string()).join("stat")).is_some_and(|text| {
-        text.rfind(')')
-            .and_then(|close| text[close + 1..].split_whitespace().next())
-            .is_some_and(|state| state == "Z" || state == "X")
+    Some(Stat {
+        comm: text[open + 1..close].to_string(),
+        ppid: fields.get(1)?.parse().ok()?,
+        start_time: fields.get(19)?.parse().ok()?,
+        zombie: matches!(fields.first(), Some(&"Z" | &"X")),
     })
 }
 
@@ -199,7 +203,7 @@ fn only_topmost(sel: &Selection, candidates: &mut [Candidate]) {
                 break;
             }
             match stat(&sel.procfs, parent) {
-                Some((_, grandparent, _)) => parent = grandparent,
+                Some(up) => parent = up.ppid,
                 None => break,
             }
         }
@@ -219,7 +223,13 @@ fn consider(sel: &Selection) -> Vec<Candidate> {
     let mut out = Vec::new();
     for pid in pids {
         let dir = sel.procfs.join(pid.to_string());
-        let Some((name, ppid, start_time)) = stat(&sel.procfs, pid) else {
+        let Some(Stat {
+            comm: name,
+            ppid,
+            start_time,
+            ..
+        }) = stat(&sel.procfs, pid)
+        else {
             continue;
         };
         let environ = if sel.opt_in_env {

@@ -240,27 +240,9 @@ impl NodeApi {
         .map(|_| ())
     }
 
-    /// POST an Event.
+    /// POST a Node Event (namespace `default`, as the kubelet's).
     pub async fn create_event(&self, event: &serde_json::Value) -> Result<(), ApiError> {
-        let name = event["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let typed: Event = serde_json::from_value(event.clone()).map_err(|e| ApiError::Status {
-            verb: "POST",
-            resource: format!("events/{name}"),
-            code: 0,
-            reason: "Encode".into(),
-            message: e.to_string(),
-        })?;
-        timed(
-            self.timeout,
-            "POST",
-            "namespaces/default/events".into(),
-            self.events.create(&PostParams::default(), &typed),
-        )
-        .await
-        .map(|_| ())
+        self.create_event_in("default", event).await
     }
 
     /// Pods on this node: `(uid, namespace, name)`.

@@ -8,9 +8,10 @@
 //! - **Every call time-limited**: connect, each read and write (kube's `Config` timeouts) and
 //!   the whole call ([`client::NodeApi`] wraps each in `[kubernetes] timeout`). A server that
 //!   accepts and never answers is an [`ApiError::Unreachable`] after that.
-//! - **The node name is resolved when first needed** (the kubelet starts after the agent)
-//!   and again after the API server answers 403 or 404 for it ([`crate::host::node_name`]);
-//!   each resolution is reported to the core so `status` shows the name and its source.
+//! - **The node name is resolved again whenever the API server answers 403 or 404 for it**
+//!   ([`crate::host::node_name`]): the kubelet starts after the agent, so the name resolved at
+//!   start (the link's first name, shared with `status`) may be the hostname until then.
+//!   Each new resolution is reported to the core so `status` shows the name and its source.
 //! - **No kubeconfig yet** (nodeadm writes it after the agent starts) is not final: the
 //!   file is looked for again on the next use.
 
@@ -65,13 +66,14 @@ impl std::fmt::Debug for Link {
 }
 
 impl Link {
-    /// A link that connects on first use; resolved names are reported on `names`.
-    pub fn new(settings: Settings, names: mpsc::Sender<Observation>) -> Self {
+    /// A link that connects on first use, starting with the node name resolved at start;
+    /// names resolved later are reported on `names`.
+    pub fn new(settings: Settings, name: NodeName, names: mpsc::Sender<Observation>) -> Self {
         Self {
             inner: Arc::new(Inner {
                 settings,
                 client: tokio::sync::Mutex::new(None),
-                name: Mutex::new(None),
+                name: Mutex::new(Some(name)),
                 names,
             }),
         }
@@ -107,8 +109,8 @@ impl Link {
         ))
     }
 
-    /// This node's name: the one resolved before, or resolved now.
-    pub async fn node_name(&self) -> NodeName {
+    /// This node's name: the one known, or resolved now (after a 403/404 dropped it).
+    async fn node_name(&self) -> NodeName {
         if let Some(name) = self.known_name() {
             return name;
         }

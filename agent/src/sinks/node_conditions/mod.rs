@@ -54,8 +54,8 @@ struct Known {
 
 struct Writer {
     link: Link,
-    /// The calls for the node written to; `None` before the first connection.
-    api: Option<NodeApi>,
+    /// The node written to; `None` before the first connection.
+    node: Option<String>,
     settings: Settings,
     metrics: SinkMetrics,
     node_uid: Option<String>,
@@ -103,14 +103,14 @@ impl Writer {
     /// Bring the server in line with `snapshot`. `heartbeat` forces a PATCH.
     async fn sync(&mut self, snapshot: &HealthSnapshot, heartbeat: bool) -> Result<(), ApiError> {
         let api = self.link.api().await?;
-        if self.api.as_ref().map(NodeApi::node) != Some(api.node()) {
+        if self.node.as_deref() != Some(api.node()) {
             // First connection, or the node name was resolved anew: nothing is known of it.
             tracing::info!(node = %api.node(), "Writing node conditions.");
             self.node_uid = None;
             self.known.clear();
             self.posted = events::Posted::default();
+            self.node = Some(api.node().to_string());
         }
-        self.api = Some(api.clone());
         if self.node_uid.is_none() {
             self.refresh(&api).await?;
         }
@@ -225,7 +225,7 @@ pub async fn run(
     };
     let mut writer = Writer {
         link,
-        api: None,
+        node: None,
         settings: settings.clone(),
         metrics,
         node_uid: None,

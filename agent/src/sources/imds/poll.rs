@@ -147,7 +147,7 @@ pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown
     // The slow paths' next poll; a failing path is retried every tick until it answers.
     let start = tokio::time::Instant::now();
     let mut next_due = [start, start];
-    let mut failing = [false; 3];
+    // Each path's last error, until it answers again.
     let mut path_errors: [Option<String>; 3] = Default::default();
     loop {
         tokio::select! {
@@ -157,8 +157,8 @@ pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown
         let now = tokio::time::Instant::now();
         let due = [
             true,
-            now >= next_due[0] || failing[1],
-            now >= next_due[1] || failing[2],
+            now >= next_due[0] || path_errors[1].is_some(),
+            now >= next_due[1] || path_errors[2].is_some(),
         ];
         for (next, (interval, polled)) in next_due
             .iter_mut()
@@ -174,12 +174,10 @@ pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown
                 None => {}
                 Some(Ok(notices)) => {
                     known[i] = notices;
-                    failing[i] = false;
                     path_errors[i] = None;
                 }
                 Some(Err(e)) => {
                     reauth |= e.unauthorized;
-                    failing[i] = true;
                     path_errors[i] = Some(e.reason);
                 }
             }
