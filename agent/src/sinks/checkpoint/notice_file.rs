@@ -66,8 +66,9 @@ pub fn write(path: &Path, contents: Option<&Contents>) {
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
                 .map_err(|e| e.to_string())
         }),
-        // The atomic write keeps the previous version beside it: that goes too.
-        None => [path.to_path_buf(), crate::fsutil::backup_path(path)]
+        // The atomic write keeps the previous version beside it: that goes too, first, so
+        // once the file is gone no copy of the ending is left.
+        None => [crate::fsutil::backup_path(path), path.to_path_buf()]
             .iter()
             .map(std::fs::remove_file)
             .find_map(|r| r.err().filter(|e| e.kind() != std::io::ErrorKind::NotFound))
