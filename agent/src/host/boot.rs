@@ -16,10 +16,9 @@ pub fn boot_id(procfs_root: &Path) -> Option<String> {
 pub fn boot_time(procfs_root: &Path) -> Option<SystemTime> {
     let text = std::fs::read_to_string(procfs_root.join("uptime")).ok()?;
     let uptime: f64 = text.split_whitespace().next()?.parse().ok()?;
-    if !uptime.is_finite() || uptime < 0.0 {
-        return None;
-    }
-    SystemTime::now().checked_sub(Duration::from_secs_f64(uptime))
+    // `try_` because a corrupt file can hold a value no Duration holds (1e30, NaN, -1).
+    let uptime = Duration::try_from_secs_f64(uptime).ok()?;
+    SystemTime::now().checked_sub(uptime)
 }
 
 /// The loaded NVIDIA driver's branch (`<sysfs>/module/nvidia/version`), which decides how
@@ -43,6 +42,11 @@ mod tests {
         std::fs::write(dir.path().join("uptime"), "100.5 200.0\n").expect("write");
         assert_eq!(boot_id(dir.path()).as_deref(), Some("abc-123"));
         let started = boot_time(dir.path()).expect("boot time");
+        for corrupt in ["1e30 0", "NaN 0", "-1 0", "inf 0"] {
+            let fake = tempfile::tempdir().expect("tempdir");
+            std::fs::write(fake.path().join("uptime"), corrupt).expect("write");
+            assert_eq!(boot_time(fake.path()), None, "{corrupt}");
+        }
         let age = SystemTime::now().duration_since(started).expect("past");
         assert!((100..=102).contains(&age.as_secs()));
         std::fs::write(dir.path().join("uptime"), "garbage").expect("write");
