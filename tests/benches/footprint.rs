@@ -2,7 +2,8 @@
 //! `FOOTPRINT_SECS` (default 600 s). The daemon (release build) runs against test doubles for
 //! what this machine lacks: the fake NVML library (8 GPUs x 18 NVLinks, polled every 10 s as
 //! by default), the test IMDS (polled every second), the test EC2 API, the test Kubernetes
-//! API server (conditions, heartbeat every minute) and a fake logind on a private D-Bus.
+//! API server (conditions, heartbeat every minute), the test kubelet's pod-resources server
+//! (with the Kubernetes sink: eight pods, one per GPU) and a fake logind on a private D-Bus.
 //!
 //! `FOOTPRINT_CONFIG` picks fewer sources, to see what each costs: `kmsg` (the kernel log
 //! only), `kmsg+imds` (and IMDS polled every second), `kmsg+imds+kube` (and the Kubernetes
@@ -20,6 +21,7 @@ use std::time::{Duration, Instant};
 use gpu_agent_e2e::ec2::FakeEc2;
 use gpu_agent_e2e::imds::FakeImds;
 use gpu_agent_e2e::kube_api::KubeApi;
+use gpu_agent_e2e::kubelet::Kubelet;
 use gpu_agent_e2e::logind::FakeLogind;
 use gpu_agent_e2e::{cpu_ticks, fake_nvml, status_kib, Agent, Host, NvmlScenario};
 
@@ -33,6 +35,11 @@ fn main() {
     let ec2 = FakeEc2::start();
     let api = KubeApi::start(&["bench-node"]);
     let logind = FakeLogind::start(host.dir.path());
+    let kubelet = Kubelet::start(&host.kubelet_socket());
+    for gpu in 0..8 {
+        let pod = format!("train-{gpu}");
+        kubelet.assign("ml", &pod, "trainer", "nvidia.com/gpu", &[&host.gpu_uuid(gpu)]);
+    }
     NvmlScenario::healthy().write(&host);
     let which = std::env::var("FOOTPRINT_CONFIG").unwrap_or_else(|_| "all".into());
     let on = |part: &str| which == "all" || which.split('+').any(|p| p == part);
@@ -123,6 +130,7 @@ fn main() {
     // Settle (first polls, first PATCH), then measure.
     std::thread::sleep(Duration::from_secs(5));
     let pid = agent.pid();
+    let lists0 = kubelet.list_calls();
     let (ticks0, t0) = (cpu_ticks(pid), Instant::now());
     let mut rss_max = 0;
     while t0.elapsed() < Duration::from_secs(secs) {
@@ -131,11 +139,12 @@ fn main() {
     }
     let cpu = (cpu_ticks(pid) - ticks0) as f64 / 100.0 / t0.elapsed().as_secs_f64() * 100.0;
     println!(
-        "idle {secs} s, {which}: RSS {} KiB now, max {rss_max} KiB, VmHWM {} KiB; CPU {cpu:.3}% of one core; IMDS GETs {}, API requests {}",
+        "idle {secs} s, {which}: RSS {} KiB now, max {rss_max} KiB, VmHWM {} KiB; CPU {cpu:.3}% of one core; IMDS GETs {}, API requests {}, kubelet pod-resources Lists while idle {}",
         status_kib(pid, "VmRSS:"),
         status_kib(pid, "VmHWM:"),
         imds.gets(),
-        api.requests().len()
+        api.requests().len(),
+        kubelet.list_calls() - lists0
     );
     println!("resident memory by mapping (KiB): {}", breakdown(pid));
     drop(agent);

@@ -164,6 +164,32 @@ impl KubeApi {
         }));
     }
 
+    /// Add a pod running on `node` with these containers (`(name, containerd id)`), as the
+    /// API server reports them in `status.containerStatuses`.
+    pub fn add_pod_with_containers(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        node: &str,
+        containers: &[(&str, &str)],
+    ) {
+        let statuses: Vec<Value> = containers
+            .iter()
+            .map(|(c, id)| json!({ "name": c, "containerID": format!("containerd://{id}"), "ready": true, "restartCount": 0, "image": "trainer", "imageID": "" }))
+            .collect();
+        let specs: Vec<Value> = containers
+            .iter()
+            .map(|(c, _)| json!({ "name": c, "image": "trainer" }))
+            .collect();
+        self.state.lock().expect("state").pods.push(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": name, "namespace": namespace, "uid": uid },
+            "spec": { "nodeName": node, "containers": specs },
+            "status": { "phase": "Running", "containerStatuses": statuses }
+        }));
+    }
+
     /// A stored node.
     pub fn node(&self, name: &str) -> Option<Value> {
         self.state.lock().expect("state").nodes.get(name).cloned()

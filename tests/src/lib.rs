@@ -18,6 +18,7 @@ pub mod ec2;
 pub mod http;
 pub mod imds;
 pub mod kube_api;
+pub mod kubelet;
 pub mod logind;
 pub mod nspawn;
 pub mod trainer;
@@ -254,6 +255,15 @@ impl Host {
         } else {
             format!("{text}\n[kmsg]\naccept_userspace = true\n")
         };
+        // The test kubelet's socket lives in this host's directory, never the machine's.
+        let text = if extra.contains("[pod_resources]") {
+            text
+        } else {
+            format!(
+                "{text}\n[pod_resources]\nsocket = {:?}\n",
+                self.kubelet_socket()
+            )
+        };
         let text = if extra.contains("[metrics]") {
             text
         } else {
@@ -286,6 +296,16 @@ impl Host {
             imds.endpoint(),
             self.dir.path().join("dev").display()
         ))
+    }
+
+    /// Where this host's kubelet serves pod-resources (see [`kubelet::Kubelet`]).
+    pub fn kubelet_socket(&self) -> PathBuf {
+        self.dir.path().join("pod-resources/kubelet.sock")
+    }
+
+    /// The UUID the fake NVML library reports for GPU `index` (see [`NvmlScenario`]).
+    pub fn gpu_uuid(&self, index: usize) -> String {
+        format!("GPU-{:08x}-{index}", self.domain)
     }
 
     /// The status socket.

@@ -495,13 +495,15 @@ fn a_capacity_block_end_fires_at_end_minus_30_minutes_minus_lead_and_iam_errors_
     assert!(agent.stop().success());
 }
 
-/// Move `pid` into a kubepods cgroup (v1 `pids` hierarchy) so its cgroup names a pod UID, as
-/// the kubelet's would; removed when dropped.
+/// Move `pid` into a container's cgroup in a kubepods pod cgroup (v1 `pids` hierarchy, the
+/// cgroupfs driver's layout `kubepods/burstable/pod<uid>/<container id>`), as the kubelet
+/// and containerd would; removed when dropped.
 struct PodCgroup(PathBuf);
 
 impl PodCgroup {
-    fn enter(uid: &str, pid: u32) -> Option<Self> {
-        let dir = PathBuf::from(format!("/sys/fs/cgroup/pids/kubepods/burstable/pod{uid}"));
+    fn enter(uid: &str, container: &str, pid: u32) -> Option<Self> {
+        let pod = PathBuf::from(format!("/sys/fs/cgroup/pids/kubepods/burstable/pod{uid}"));
+        let dir = pod.join(container);
         std::fs::create_dir_all(&dir).ok()?;
         std::fs::write(dir.join("cgroup.procs"), pid.to_string()).ok()?;
         Some(Self(dir))
@@ -516,6 +518,9 @@ impl Drop for PodCgroup {
             }
         }
         let _ = std::fs::remove_dir(&self.0);
+        if let Some(pod) = self.0.parent() {
+            let _ = std::fs::remove_dir(pod);
+        }
     }
 }
 
@@ -528,11 +533,21 @@ fn a_target_in_a_pod_gets_an_event_and_cordon_is_opt_in() {
     let gpu = gpu_device(host.dir.path(), "nvidia4");
     let handler = Trainer::start(host.dir.path(), "handler", "usr1", Some(&gpu), &[]);
     let uid = "1b4c7e9a-2f6d-4c1e-9a0b-3d5e7f9a1c2b";
-    let Some(_cgroup) = PodCgroup::enter(uid, handler.child.id()) else {
+    let container = "5f0c".repeat(16);
+    let Some(_cgroup) = PodCgroup::enter(uid, &container, handler.child.id()) else {
         eprintln!("skipping: cannot create a kubepods cgroup here");
         return;
     };
-    api.add_pod("ml", "trainer-0", uid, "gpu-node-7");
+    api.add_pod_with_containers(
+        "ml",
+        "trainer-0",
+        uid,
+        "gpu-node-7",
+        &[("sidecar", &"0".repeat(64)), ("trainer", &container)],
+    );
+    // The device plugin gave the container GPU 4 (index IDs: no NVML needed to resolve).
+    let kubelet = gpu_agent_e2e::kubelet::Kubelet::start(&host.kubelet_socket());
+    kubelet.assign("ml", "trainer-0", "trainer", "nvidia.com/gpu", &["4"]);
     // The helper's [checkpoint] table gets cordon; node name and kubeconfig go on top.
     let config = config(&host, &imds, "");
     let text = std::fs::read_to_string(&config).expect("config").replace(
@@ -574,6 +589,17 @@ fn a_target_in_a_pod_gets_an_event_and_cordon_is_opt_in() {
         event["message"]
             .as_str()
             .is_some_and(|m| m.contains("SIGUSR1") && m.contains("spot notice")),
+        "{event}"
+    );
+    // It names the container and the GPUs that container holds.
+    let holding = format!(
+        "in container trainer, holding GPU 4 ({}.0)",
+        host.gpu_bdf(4)
+    );
+    assert!(
+        event["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(&holding)),
         "{event}"
     );
     wait(Duration::from_secs(3), "cordon", || {

@@ -105,12 +105,31 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
     let (core, handle, snapshots) = Core::new(model, store, counters);
     let core_task = tokio::spawn(core.run(rx, shutdown.clone()));
 
+    // Which pod holds which GPU: asked only when a fault, a signal or `status` needs it.
+    #[cfg(feature = "clients")]
+    let pod_resources = config.pod_resources.enabled.then(|| {
+        let p = &config.pod_resources;
+        crate::sinks::pod_resources::Lookup::new(
+            crate::sinks::pod_resources::Settings {
+                socket: p.socket.clone(),
+                timeout: p.timeout.0,
+                cache_for: p.cache_for.0,
+                resource_prefix: p.resource_prefix.clone(),
+            },
+            sink_tx.clone(),
+        )
+    });
+    #[cfg(feature = "clients")]
+    let holders: status::Holders = pod_resources.clone();
+    #[cfg(not(feature = "clients"))]
+    let holders: status::Holders = None;
     match status::Listener::bind(&config.status.socket).await {
         Ok(listener) => {
             tokio::spawn(status::serve(
                 listener,
                 snapshots.clone(),
                 handle.clone(),
+                holders,
                 shutdown.clone(),
             ));
         }
@@ -148,6 +167,15 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
             &sink_tx,
             &shutdown,
         );
+        // GPU faults on the pods holding the GPU.
+        if let Some(lookup) = &pod_resources {
+            tokio::spawn(crate::sinks::pod_events::run(
+                link.clone(),
+                lookup.clone(),
+                snapshots.clone(),
+                shutdown.clone(),
+            ));
+        }
     }
     if config.checkpoint.enabled {
         let c = &config.checkpoint;
@@ -158,6 +186,8 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
             state_file: config.state_dir.join("checkpoint.json"),
             #[cfg(feature = "clients")]
             kubernetes: kubernetes.clone(),
+            #[cfg(feature = "clients")]
+            pod_resources: pod_resources.clone(),
             cordon: c.cordon,
             windows: checkpoint::Windows {
                 ending: c.ending_window.0,

@@ -82,6 +82,8 @@ pub struct Config {
     pub nvml: NvmlConfig,
     /// Node conditions and events.
     pub kubernetes: KubernetesConfig,
+    /// Which pod holds which GPU (the kubelet's pod-resources API).
+    pub pod_resources: PodResourcesConfig,
     /// `gpu-agent kubelet-config`.
     pub kubelet: KubeletConfig,
     /// Checkpoint signals to the workload.
@@ -349,6 +351,36 @@ impl Default for KubernetesConfig {
     }
 }
 
+/// `[pod_resources]`: the kubelet's pod-resources API, asked when a GPU fault, a checkpoint
+/// signal or `status` needs to know which pod holds a GPU (never polled).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PodResourcesConfig {
+    /// Ask the kubelet; post GPU faults on the pods holding the GPU (needs `[kubernetes]`).
+    pub enabled: bool,
+    /// The kubelet's pod-resources socket (gRPC `v1.PodResourcesLister`).
+    pub socket: PathBuf,
+    /// Time limit for connecting and for the `List` call.
+    pub timeout: HumanDuration,
+    /// How long one answer is reused (a burst of faults costs one `List`).
+    pub cache_for: HumanDuration,
+    /// Extended resources whose name starts with this are GPUs (`nvidia.com/gpu`,
+    /// `nvidia.com/gpu.shared`, `nvidia.com/mig-1g.10gb`, ...).
+    pub resource_prefix: String,
+}
+
+impl Default for PodResourcesConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            socket: PathBuf::from("/var/lib/kubelet/pod-resources/kubelet.sock"),
+            timeout: HumanDuration(std::time::Duration::from_secs(1)),
+            cache_for: HumanDuration(std::time::Duration::from_secs(2)),
+            resource_prefix: "nvidia.com/".into(),
+        }
+    }
+}
+
 /// `[nvml]`: GPU health polled through NVML (no DCGM needed).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -446,6 +478,7 @@ impl Default for Config {
             metrics: MetricsConfig::default(),
             nvml: NvmlConfig::default(),
             kubernetes: KubernetesConfig::default(),
+            pod_resources: PodResourcesConfig::default(),
             kubelet: KubeletConfig::default(),
             checkpoint: CheckpointConfig::default(),
             imds: ImdsConfig::default(),
@@ -567,8 +600,9 @@ impl Config {
             key,
             reason: reason.to_string(),
         };
-        let absolute: [(&'static str, &Path); 5] = [
+        let absolute: [(&'static str, &Path); 6] = [
             ("state_dir", &self.state_dir),
+            ("pod_resources.socket", &self.pod_resources.socket),
             ("status.socket", &self.status.socket),
             ("kmsg.path", &self.kmsg.path),
             ("sysfs.root", &self.sysfs.root),
@@ -589,6 +623,15 @@ impl Config {
             return Err(invalid(
                 "kmsg.repeat_log_interval",
                 "must be greater than zero",
+            ));
+        }
+        let p = &self.pod_resources;
+        if p.timeout.0 < std::time::Duration::from_millis(10)
+            || p.timeout.0 > std::time::Duration::from_millis(1500)
+        {
+            return Err(invalid(
+                "pod_resources.timeout",
+                "must be between 10ms and 1500ms (`status` answers within 2s, holders included)",
             ));
         }
         let k = &self.kubernetes;

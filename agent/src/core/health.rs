@@ -497,6 +497,7 @@ impl HealthModel {
                         .cloned(),
                     health: Health::from_worst(mine.iter().map(|f| f.class.severity).max()),
                     faults: mine.iter().map(|f| f.code.to_string()).collect(),
+                    holders: Vec::new(),
                 }
             })
             .collect();
@@ -554,6 +555,7 @@ impl HealthModel {
             },
             kmsg,
             driver_version: self.driver_version.clone(),
+            holders: None,
             updated_at: SystemTime::now(),
         }
     }

@@ -4,6 +4,7 @@
 //! into these types, the core merges them, sinks render them.
 
 mod fault;
+mod holder;
 mod node_name;
 mod notice;
 mod pci;
@@ -15,6 +16,9 @@ pub mod time;
 pub use fault::{
     Action, Classification, Component, Fault, FaultCode, FaultReport, Severity, SourceKind,
 };
+pub use holder::{
+    resolve as resolve_device, Assignment, Assignments, DraClaim, GpuHolder, HolderView,
+};
 pub use node_name::{NameSource, NodeName};
 pub use notice::{CheckpointReport, Notice, NoticeKind};
 pub use pci::{PciAddress, PciAddressError};
@@ -23,6 +27,14 @@ pub use snapshot::{
     GpuIdentity, GpuStatus, GpuTelemetry, Health, HealthSnapshot, KmsgCounters, KmsgStats,
     PendingEnd, SinkStatus, SourceState, SourceStatus,
 };
+
+/// FNV-1a of `text`: a hash stable across runs and builds, for deterministic object names
+/// (an Event a restarted agent finds again).
+pub fn stable_hash(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
 
 /// What a source tells the core.
 #[derive(Debug, Clone, PartialEq)]

@@ -81,6 +81,9 @@ pub struct GpuIdentity {
     pub name: Option<String>,
     /// Board serial.
     pub serial: Option<String>,
+    /// UUIDs of its MIG devices (`MIG-...`), when MIG is on.
+    #[serde(default)]
+    pub mig_uuids: Vec<String>,
     /// Telemetry from the latest poll.
     pub telemetry: GpuTelemetry,
 }
@@ -98,6 +101,10 @@ pub struct GpuStatus {
     pub health: Health,
     /// Labels of the faults on this GPU (`Xid 79`).
     pub faults: Vec<String>,
+    /// Pod containers holding it (the kubelet's pod-resources `List`); filled in when
+    /// `status` asks, empty in the core's snapshots.
+    #[serde(default)]
+    pub holders: Vec<super::GpuHolder>,
 }
 
 /// Whether a source is running, and if not, why.
@@ -249,6 +256,10 @@ pub struct HealthSnapshot {
     pub kmsg: KmsgStats,
     /// NVIDIA driver version (from NVML), if known.
     pub driver_version: Option<String>,
+    /// The pod-resources lookup behind each GPU's `holders`; `None` in the core's snapshots
+    /// and when the lookup is turned off.
+    #[serde(default)]
+    pub holders: Option<super::HolderView>,
     /// When the snapshot was taken.
     #[serde(with = "super::time")]
     pub updated_at: SystemTime,

@@ -9,5 +9,9 @@ pub mod kubernetes;
 pub mod metrics;
 #[cfg(feature = "clients")]
 pub mod node_conditions;
+#[cfg(feature = "clients")]
+pub mod pod_events;
+#[cfg(feature = "clients")]
+pub mod pod_resources;
 pub mod status;
 pub mod systemd;

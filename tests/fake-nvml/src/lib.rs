@@ -31,6 +31,18 @@ const RESET_REQUIRED: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_RESET_REQUIRED;
 const UNINITIALIZED: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_UNINITIALIZED;
 const INSUFFICIENT: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE;
 const UNKNOWN: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_UNKNOWN;
+const NOT_FOUND: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_NOT_FOUND;
+
+/// MIG device handles: this bit, the parent's handle shifted by 8, the MIG index.
+const MIG_HANDLE: usize = 1 << 24;
+/// Instances an H100/H200 can be split into (what `nvmlDeviceGetMaxMigDeviceCount` says).
+const MAX_MIG_DEVICES: c_uint = 7;
+
+/// `(parent handle, MIG index)` of a MIG device handle.
+fn mig_handle(device: nvmlDevice_t) -> Option<(nvmlDevice_t, usize)> {
+    let raw = device as usize;
+    (raw & MIG_HANDLE != 0).then_some((((raw & !MIG_HANDLE) >> 8) as nvmlDevice_t, raw & 0xff))
+}
 
 /// Run `f` on GPU `device` for API `api`, translating the scenario's failure modes.
 fn with_gpu(device: nvmlDevice_t, api: &str, f: impl FnOnce(&Gpu) -> nvmlReturn_t) -> nvmlReturn_t {
@@ -142,7 +154,59 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     uuid: *mut c_char,
     len: c_uint,
 ) -> nvmlReturn_t {
+    if let Some((parent, mig)) = mig_handle(device) {
+        return with_gpu(parent, "uuid", |g| match g.mig.get(mig) {
+            Some(id) => write_str(uuid, len, id),
+            None => INVALID,
+        });
+    }
     with_gpu(device, "uuid", |g| write_str(uuid, len, &g.uuid))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+    device: nvmlDevice_t,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> nvmlReturn_t {
+    with_gpu(device, "mig", |g| {
+        let mode = c_uint::from(!g.mig.is_empty());
+        match put(current, mode) {
+            OK => put(pending, mode),
+            err => err,
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+) -> nvmlReturn_t {
+    with_gpu(device, "mig", |g| {
+        put(count, if g.mig.is_empty() { 0 } else { MAX_MIG_DEVICES })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
+    device: nvmlDevice_t,
+    index: c_uint,
+    mig: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    with_gpu(device, "mig", |g| {
+        if g.mig.is_empty() {
+            return INVALID;
+        }
+        if index as usize >= g.mig.len() {
+            // A free slot: no MIG device there (the real library's answer).
+            return NOT_FOUND;
+        }
+        put(
+            mig,
+            (MIG_HANDLE | ((device as usize) << 8) | index as usize) as nvmlDevice_t,
+        )
+    })
 }
 
 #[no_mangle]

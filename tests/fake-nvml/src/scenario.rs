@@ -64,7 +64,7 @@ pub struct Gpu {
     pub reset_required: bool,
     /// API names that return `NVML_ERROR_NOT_SUPPORTED`: uuid, name, serial, pci_info,
     /// ecc_mode, total_ecc_errors, memory_error_counter, retired_pages_pending,
-    /// remapped_rows, nvlink_state, nvlink_errors, pcie, clock_events.
+    /// remapped_rows, nvlink_state, nvlink_errors, pcie, clock_events, mig.
     pub not_supported: Vec<String>,
     /// API names (as for `not_supported`) that fail with `NVML_ERROR_UNKNOWN`: a driver call
     /// failing on this GPU only.
@@ -80,6 +80,8 @@ pub struct Gpu {
     /// none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset); absent: a driver
     /// older than R565 (the field is not supported).
     pub recovery_action: Option<u32>,
+    /// UUIDs (`MIG-...`) of the MIG devices on this GPU; empty: MIG mode off.
+    pub mig: Vec<String>,
 }
 
 impl Gpu {

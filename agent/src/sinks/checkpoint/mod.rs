@@ -55,6 +55,9 @@ pub struct Settings {
     /// Where to post pod Events (and cordon); `None`: standalone.
     #[cfg(feature = "clients")]
     pub kubernetes: Option<super::kubernetes::Link>,
+    /// Which GPUs each signalled container holds, for its pod Event; `None`: off.
+    #[cfg(feature = "clients")]
+    pub pod_resources: Option<super::pod_resources::Lookup>,
     /// Cordon the node on a notice (for clusters without a termination handler).
     pub cordon: bool,
     /// How long one signalling covers later notices.
@@ -248,7 +251,16 @@ pub async fn run(
                     continue;
                 }
             }
-            act(&settings, &metrics, &reports, &mut record, notice, now).await;
+            act(
+                &settings,
+                &metrics,
+                &reports,
+                &mut record,
+                notice,
+                &snapshot,
+                now,
+            )
+            .await;
             // Latency from when it was due: at once, or at deadline - lead.
             let due_since = act_at.map_or_else(
                 || seen.elapsed(),
@@ -276,6 +288,7 @@ async fn act(
     reports: &mpsc::Sender<Observation>,
     record: &mut Record,
     notice: &Notice,
+    snapshot: &HealthSnapshot,
     now: SystemTime,
 ) {
     metrics
@@ -340,12 +353,21 @@ async fn act(
         settings.selection.procfs.clone(),
         reports.clone(),
     ));
+    #[cfg(not(feature = "clients"))]
+    let _ = snapshot;
     // Pod Events and cordon in the background, bounded: a hung API server never delays the
     // next notice's signal.
     #[cfg(feature = "clients")]
     if let Some(link) = &settings.kubernetes {
         let limit = link.timeout() * KUBERNETES_CALLS;
-        let work = tell_kubernetes(link.clone(), notice.clone(), targets, settings.cordon);
+        let work = tell_kubernetes(
+            link.clone(),
+            settings.pod_resources.clone(),
+            notice.clone(),
+            targets,
+            settings.cordon,
+            snapshot.gpus.clone(),
+        );
         tokio::spawn(async move {
             if tokio::time::timeout(limit, work).await.is_err() {
                 tracing::warn!(
@@ -390,14 +412,17 @@ async fn update_notice_file(
 #[cfg(feature = "clients")]
 const KUBERNETES_CALLS: u32 = 6;
 
-/// Post an Event on each signalled target's pod, and cordon when asked. Best effort: the
-/// signal already went out; a failure here is logged.
+/// Post an Event on each signalled target's pod, naming its container and the GPUs that
+/// container holds, and cordon when asked. Best effort: the signal already went out; a
+/// failure here is logged.
 #[cfg(feature = "clients")]
 async fn tell_kubernetes(
     link: super::kubernetes::Link,
+    lookup: Option<super::pod_resources::Lookup>,
     notice: Notice,
     targets: Vec<Candidate>,
     cordon: bool,
+    gpus: Vec<crate::model::GpuStatus>,
 ) {
     let notice = &notice;
     let in_pods: Vec<&Candidate> = targets.iter().filter(|c| c.pod_uid.is_some()).collect();
@@ -431,28 +456,47 @@ async fn tell_kubernetes(
             return;
         }
     };
+    let assignments = match &lookup {
+        Some(lookup) => lookup.assignments().await.ok(),
+        None => None,
+    };
     let now = crate::model::time::rfc3339(std::time::SystemTime::now());
     for c in in_pods {
-        let Some((uid, namespace, name)) = pods
-            .iter()
-            .find(|(uid, ..)| Some(uid) == c.pod_uid.as_ref())
-        else {
+        let Some(pod) = pods.iter().find(|p| Some(&p.uid) == c.pod_uid.as_ref()) else {
             continue;
         };
-        let hash = format!("{}|{}", notice.id, c.pid)
-            .bytes()
-            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-            });
+        let container = c.container_id.as_ref().and_then(|id| {
+            pod.containers
+                .iter()
+                .find(|(_, cid)| cid == id)
+                .map(|(name, _)| name.as_str())
+        });
+        let held = match (container, &assignments) {
+            (Some(container), Some(a)) => {
+                let held = a.gpus_of(&pod.namespace, &pod.name, container, &gpus);
+                if held.is_empty() {
+                    String::new()
+                } else {
+                    let list: Vec<String> = held
+                        .iter()
+                        .map(|(i, pci)| format!("GPU {i} ({pci})"))
+                        .collect();
+                    format!(", holding {}", list.join(", "))
+                }
+            }
+            _ => String::new(),
+        };
+        let hash = crate::model::stable_hash(&format!("{}|{}", notice.id, c.pid));
         let event = serde_json::json!({
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": { "name": format!("{name}.gpu-agent.{hash:016x}"), "namespace": namespace },
-            "involvedObject": { "apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace, "uid": uid },
+            "metadata": { "name": format!("{}.gpu-agent.{hash:016x}", pod.name), "namespace": pod.namespace },
+            "involvedObject": { "apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace, "uid": pod.uid },
             "reason": "CheckpointSignal",
             "message": format!(
-                "gpu-agent sent {} to pid {} ({}): {} notice, instance ends at {}",
-                c.signal.as_deref().unwrap_or("-"), c.pid, c.name, notice.kind, crate::model::time::rfc3339(notice.deadline)
+                "gpu-agent sent {} to pid {} ({}) in container {}{held}: {} notice, instance ends at {}",
+                c.signal.as_deref().unwrap_or("-"), c.pid, c.name, container.unwrap_or("?"), notice.kind,
+                crate::model::time::rfc3339(notice.deadline)
             ),
             "type": "Warning",
             "count": 1,
@@ -462,8 +506,8 @@ async fn tell_kubernetes(
             "reportingComponent": "gpu-agent",
             "reportingInstance": node,
         });
-        if let Err(e) = api.create_event_in(namespace, &event).await {
-            tracing::warn!(error = %e, pod = %name, "Cannot post the checkpoint Event on the pod.");
+        if let Err(e) = api.create_event_in(&pod.namespace, &event).await {
+            tracing::warn!(error = %e, pod = %pod.name, "Cannot post the checkpoint Event on the pod.");
         }
     }
 }

@@ -80,6 +80,8 @@ pub struct Candidate {
     pub why: String,
     /// Kubernetes pod UID, from its cgroup, where it runs in a pod.
     pub pod_uid: Option<String>,
+    /// Its container's ID (the runtime's, from its cgroup), where it runs in a pod.
+    pub container_id: Option<String>,
 }
 
 /// What a scan needs.
@@ -148,6 +150,20 @@ fn pod_uid(cgroup: &str) -> Option<String> {
         let uid = part[at + 3..].trim_end_matches(".slice").replace('_', "-");
         (uid.len() == 36 && uid.chars().all(|c| c.is_ascii_hexdigit() || c == '-')).then_some(uid)
     })
+}
+
+/// The container ID in a pod's cgroup path (the first hierarchy that names the pod): its
+/// last part, as the runtime names it (`cri-containerd-<id>.scope`, `crio-<id>.scope`,
+/// `docker-<id>.scope` with the systemd driver; `<id>` with cgroupfs).
+fn container_id(cgroup: &str) -> Option<String> {
+    let line = cgroup.lines().find(|l| l.contains("kubepods"))?;
+    let last = line.rsplit('/').next()?;
+    let last = last.strip_suffix(".scope").unwrap_or(last);
+    let id = ["cri-containerd-", "crio-", "docker-", "containerd-"]
+        .iter()
+        .find_map(|p| last.strip_prefix(p))
+        .unwrap_or(last);
+    (id.len() == 64 && id.chars().all(|c| c.is_ascii_hexdigit())).then(|| id.to_string())
 }
 
 /// The executable's file name (`/proc/PID/exe`, else the command line's first word).
@@ -266,8 +282,13 @@ fn consider(sel: &Selection) -> Vec<Candidate> {
             name: name.clone(),
             signal: None,
             why: String::new(),
-            pod_uid: read(&dir.join("cgroup")).as_deref().and_then(pod_uid),
+            pod_uid: None,
+            container_id: None,
         };
+        if let Some(cgroup) = read(&dir.join("cgroup")) {
+            candidate.pod_uid = pod_uid(&cgroup);
+            candidate.container_id = candidate.pod_uid.as_ref().and(container_id(&cgroup));
+        }
         let names = [Some(name.as_str()), exe.as_deref()];
         let excluded = names
             .iter()
@@ -470,5 +491,29 @@ mod tests {
             Some("1b4c7e9a-2f6d-4c1e-9a0b-3d5e7f9a1c2b".into())
         );
         assert_eq!(pod_uid("0::/user.slice/user-0.slice/session-1.scope"), None);
+        let id = "a".repeat(64);
+        assert_eq!(
+            container_id(&format!("0::/kubepods.slice/kubepods-pod1b4c7e9a_2f6d_4c1e_9a0b_3d5e7f9a1c2b.slice/cri-containerd-{id}.scope\n")).as_deref(),
+            Some(id.as_str())
+        );
+        assert_eq!(
+            container_id(&format!(
+                "0::/kubepods/besteffort/pod1b4c7e9a-2f6d-4c1e-9a0b-3d5e7f9a1c2b/{id}"
+            ))
+            .as_deref(),
+            Some(id.as_str())
+        );
+        assert_eq!(
+            container_id("0::/kubepods/burstable/pod1b4c7e9a-2f6d-4c1e-9a0b-3d5e7f9a1c2b"),
+            None
+        );
+        // cgroup v1: one line per hierarchy, the unified one last and empty.
+        assert_eq!(
+            container_id(&format!(
+                "8:pids:/kubepods/burstable/pod1b4c7e9a-2f6d-4c1e-9a0b-3d5e7f9a1c2b/{id}\n0::/\n"
+            ))
+            .as_deref(),
+            Some(id.as_str())
+        );
     }
 }

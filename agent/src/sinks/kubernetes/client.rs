@@ -245,20 +245,30 @@ impl NodeApi {
         self.create_event_in("default", event).await
     }
 
-    /// Pods on this node: `(uid, namespace, name)`.
-    pub async fn pods_on_node(&self) -> Result<Vec<(String, String, String)>, ApiError> {
+    /// Pods on this node, with their uids and containers.
+    pub async fn pods_on_node(&self) -> Result<Vec<NodePod>, ApiError> {
         let pods: Api<Pod> = Api::all(self.events.clone().into_client());
         let params = ListParams::default().fields(&format!("spec.nodeName={}", self.node));
         let list = timed(self.timeout, "LIST", "pods".into(), pods.list(&params)).await?;
         Ok(list
             .items
             .into_iter()
-            .map(|p| {
-                (
-                    p.metadata.uid.unwrap_or_default(),
-                    p.metadata.namespace.unwrap_or_default(),
-                    p.metadata.name.unwrap_or_default(),
-                )
+            .map(|p| NodePod {
+                uid: p.metadata.uid.unwrap_or_default(),
+                namespace: p.metadata.namespace.unwrap_or_default(),
+                name: p.metadata.name.unwrap_or_default(),
+                containers: p
+                    .status
+                    .and_then(|s| s.container_statuses)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|c| {
+                        // `containerd://<id>`: the id is what the cgroup path carries.
+                        let id = c.container_id.unwrap_or_default();
+                        let id = id.rsplit_once("://").map_or(id.as_str(), |(_, id)| id);
+                        (c.name, id.to_string())
+                    })
+                    .collect(),
             })
             .collect())
     }
@@ -301,16 +311,39 @@ impl NodeApi {
         .map(|_| ())
     }
 
-    /// Merge-PATCH an Event (count, timestamps, message).
+    /// Merge-PATCH a Node Event (count, timestamps, message).
     pub async fn patch_event(&self, name: &str, body: &serde_json::Value) -> Result<(), ApiError> {
+        self.patch_event_in("default", name, body).await
+    }
+
+    /// Merge-PATCH an Event in `namespace` (a pod's).
+    pub async fn patch_event_in(
+        &self,
+        namespace: &str,
+        name: &str,
+        body: &serde_json::Value,
+    ) -> Result<(), ApiError> {
+        let events: Api<Event> = Api::namespaced(self.events.clone().into_client(), namespace);
         timed(
             self.timeout,
             "PATCH",
-            format!("namespaces/default/events/{name}"),
-            self.events
-                .patch(name, &PatchParams::default(), &Patch::Merge(body)),
+            format!("namespaces/{namespace}/events/{name}"),
+            events.patch(name, &PatchParams::default(), &Patch::Merge(body)),
         )
         .await
         .map(|_| ())
     }
+}
+
+/// A pod on this node, as the API server has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodePod {
+    /// Its uid (what Events name and the cgroup path carries).
+    pub uid: String,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Its containers: `(name, container id without the runtime prefix)`.
+    pub containers: Vec<(String, String)>,
 }

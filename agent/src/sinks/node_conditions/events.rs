@@ -47,14 +47,16 @@ impl EventWrite {
     }
 }
 
-/// Deterministic Event name for a fault on a node (so a restarted agent finds its Event).
-fn event_name(node: &str, fault: &Fault) -> String {
-    // FNV-1a over the fault's identity: stable across runs and builds.
-    let key = format!("{:?}|{:?}", fault.component, fault.code);
-    let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
+/// Deterministic Event name for a fault on a node (so a restarted agent finds its Event,
+/// and a pod Event can name the Node Event it belongs to).
+pub fn event_name(node: &str, fault: &Fault) -> String {
+    let hash = crate::model::stable_hash(&fault_key(fault));
     format!("{node}.gpu-agent.{hash:016x}")
+}
+
+/// A fault's identity: its component and code.
+pub fn fault_key(fault: &Fault) -> String {
+    format!("{:?}|{:?}", fault.component, fault.code)
 }
 
 impl Posted {

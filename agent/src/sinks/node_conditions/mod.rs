@@ -22,6 +22,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{mpsc, watch};
 
 pub use conditions::{desired, next_change, ConditionTypes, Desired};
+pub use events::{event_name, fault_key, UPDATE_EVERY};
 pub use metrics::SinkMetrics;
 
 use super::kubernetes::{ApiError, Link, NodeApi};

@@ -83,6 +83,25 @@ pub fn render(s: &HealthSnapshot) -> String {
             name,
             health_word(g.health)
         );
+        if !g.holders.is_empty() {
+            let who: Vec<String> = g.holders.iter().map(ToString::to_string).collect();
+            let _ = writeln!(out, "     held by {}", who.join(", "));
+        }
+    }
+    if let Some(view) = &s.holders {
+        if let Some(why) = &view.unavailable {
+            let _ = writeln!(out, "(which pod holds each GPU is unknown: {why})");
+        }
+        for why in &view.unresolved {
+            let _ = writeln!(out, "(device ID not mapped to a GPU: {why})");
+        }
+        for c in &view.dra {
+            let _ = writeln!(
+                out,
+                "(DRA: {}/{} ({}) holds {} from {}; DRA devices are not mapped to GPUs)",
+                c.namespace, c.pod, c.container, c.device, c.driver
+            );
+        }
     }
 
     if !s.faults.is_empty() {
@@ -117,14 +136,18 @@ pub fn render(s: &HealthSnapshot) -> String {
 
     let _ = writeln!(out, "\nSOURCES");
     for src in &s.sources {
-        let state = match &src.state {
-            SourceState::Starting => "starting".to_string(),
-            SourceState::On => "on".to_string(),
-            SourceState::Ended => "ended".to_string(),
-            SourceState::Off(reason) => format!("off: {reason}"),
-            SourceState::Failed(reason) => format!("FAILED: {reason}"),
-        };
-        let _ = writeln!(out, "{:<8} {state}", src.source.to_string());
+        let _ = writeln!(
+            out,
+            "{:<8} {}",
+            src.source.to_string(),
+            state_words(&src.state)
+        );
+    }
+    if !s.sinks.is_empty() {
+        let _ = writeln!(out, "\nSINKS");
+        for sink in &s.sinks {
+            let _ = writeln!(out, "{:<14} {}", sink.sink, state_words(&sink.state));
+        }
     }
     let k = &s.kmsg;
     let _ = writeln!(
@@ -133,6 +156,16 @@ pub fn render(s: &HealthSnapshot) -> String {
         k.records_read, k.records_lost, k.records_matched, k.records_unparsed, k.records_ignored
     );
     out
+}
+
+fn state_words(state: &SourceState) -> String {
+    match state {
+        SourceState::Starting => "starting".to_string(),
+        SourceState::On => "on".to_string(),
+        SourceState::Ended => "ended".to_string(),
+        SourceState::Off(reason) => format!("off: {reason}"),
+        SourceState::Failed(reason) => format!("FAILED: {reason}"),
+    }
 }
 
 fn health_word(h: Health) -> &'static str {

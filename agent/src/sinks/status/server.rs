@@ -14,6 +14,33 @@ use crate::core::CoreHandle;
 use crate::model::HealthSnapshot;
 use crate::shutdown::Shutdown;
 
+/// Where `status` learns which pod holds each GPU (the pod-resources lookup); `None`: off.
+#[cfg(feature = "clients")]
+pub type Holders = Option<crate::sinks::pod_resources::Lookup>;
+/// Where `status` learns which pod holds each GPU: not built in without `clients`.
+#[cfg(not(feature = "clients"))]
+pub type Holders = Option<NoLookup>;
+
+/// The pod-resources lookup of a build without `clients`: there is none.
+#[cfg(not(feature = "clients"))]
+#[derive(Debug, Clone)]
+pub enum NoLookup {}
+
+/// The snapshot with each GPU's holders filled in, where the lookup is on.
+#[cfg(feature = "clients")]
+async fn with_holders(holders: &Holders, mut snapshot: HealthSnapshot) -> HealthSnapshot {
+    if let Some(lookup) = holders {
+        crate::sinks::pod_resources::fill(lookup, &mut snapshot).await;
+    }
+    snapshot
+}
+
+/// The snapshot as it is (no lookup in this build).
+#[cfg(not(feature = "clients"))]
+async fn with_holders(_holders: &Holders, snapshot: HealthSnapshot) -> HealthSnapshot {
+    snapshot
+}
+
 /// Clients served at once; more wait briefly, then are turned away.
 const MAX_CLIENTS: usize = 32;
 /// A client must send its request and take the answer within this.
@@ -97,6 +124,7 @@ pub async fn serve(
     listener: Listener,
     snapshots: watch::Receiver<Arc<HealthSnapshot>>,
     core: CoreHandle,
+    holders: Holders,
     mut shutdown: Shutdown,
 ) {
     let permits = Arc::new(Semaphore::new(MAX_CLIENTS));
@@ -119,8 +147,10 @@ pub async fn serve(
         };
         let snapshots = snapshots.clone();
         let core = core.clone();
+        let holders = holders.clone();
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(CLIENT_TIMEOUT, answer(stream, snapshots, core)).await;
+            let _ = tokio::time::timeout(CLIENT_TIMEOUT, answer(stream, snapshots, core, holders))
+                .await;
             drop(permit);
         });
     }
@@ -130,6 +160,7 @@ async fn answer(
     stream: UnixStream,
     snapshots: watch::Receiver<Arc<HealthSnapshot>>,
     core: CoreHandle,
+    holders: Holders,
 ) -> std::io::Result<()> {
     let root = stream.peer_cred().is_ok_and(|c| c.uid() == 0);
     let (read, mut write) = stream.into_split();
@@ -138,9 +169,11 @@ async fn answer(
         .read_line(&mut line)
         .await?;
     let response = match serde_json::from_str::<Request>(&line) {
-        Ok(Request::Status) => Response::Status {
-            snapshot: Box::new(snapshots.borrow().as_ref().clone()),
-        },
+        Ok(Request::Status) => {
+            let current = snapshots.borrow().as_ref().clone();
+            let snapshot = Box::new(with_holders(&holders, current).await);
+            Response::Status { snapshot }
+        }
         Ok(Request::Clear { .. }) if !root => Response::Error {
             message: "clearing faults needs root".into(),
         },

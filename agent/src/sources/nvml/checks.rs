@@ -429,6 +429,7 @@ mod tests {
             }),
             clock_events: Ok(0),
             recovery_action: Err(Unread::NotSupported),
+            mig_uuids: Vec::new(),
         }
     }
 

@@ -160,6 +160,7 @@ fn identity(r: &GpuReading) -> GpuIdentity {
         uuid: r.uuid.clone().ok(),
         name: r.name.clone().ok(),
         serial: r.serial.clone().ok(),
+        mig_uuids: r.mig_uuids.clone(),
         telemetry: GpuTelemetry {
             ecc_uncorrected_volatile: r.ecc_volatile.clone().ok(),
             ecc_uncorrected_aggregate: r.ecc_aggregate.clone().ok(),

@@ -109,6 +109,9 @@ pub struct GpuReading {
     /// The driver's own required recovery action (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`,
     /// R565+): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset.
     pub recovery_action: Read<u32>,
+    /// UUIDs of its MIG devices (empty when MIG is off or not supported): what the device
+    /// plugin hands out as `MIG-...` IDs.
+    pub mig_uuids: Vec<String>,
 }
 
 impl GpuReading {
@@ -131,6 +134,7 @@ impl GpuReading {
             pcie: Err(why.clone()),
             clock_events: Err(why.clone()),
             recovery_action: Err(why.clone()),
+            mig_uuids: Vec::new(),
         }
     }
 
@@ -212,6 +216,7 @@ fn read_gpu(nvml: &Nvml, nvml_index: u32, device: &Device<'_>) -> GpuReading {
         pcie,
         clock_events: read(device.current_throttle_reasons()).map(|r| r.bits()),
         recovery_action: recovery_action(device),
+        mig_uuids: mig_uuids(device),
     }
 }
 
@@ -253,4 +258,16 @@ fn nvlink(device: &Device<'_>) -> Read<NvlinkState> {
         return Err(Unread::NotSupported);
     }
     Ok(state)
+}
+
+/// The UUIDs of the GPU's MIG devices; none when MIG is off (one call on a GPU without MIG).
+fn mig_uuids(device: &Device) -> Vec<String> {
+    if !device.mig_mode().is_ok_and(|m| m.current == 1) {
+        return Vec::new();
+    }
+    let count = device.mig_device_count().unwrap_or(0);
+    (0..count)
+        .filter_map(|i| device.mig_device_by_index(i).ok())
+        .filter_map(|mig| mig.uuid().ok())
+        .collect()
 }

@@ -1,0 +1,223 @@
+//! The pod-Events sink: a warning or fatal fault on a GPU becomes an Event on each pod
+//! holding that GPU (every time-sliced replica's pod, the MIG devices' pods), next to the
+//! Node Event it belongs to. The job's owners see why in `kubectl describe pod`.
+//!
+//! Nothing is asked while nothing happens: the kubelet (pod-resources `List`) and the API
+//! server (the pods' uids) are asked only when a GPU fault is new or its count grew. One
+//! Event per pod and fault, with a deterministic name, updated with the count at most every
+//! [`UPDATE_EVERY`]; no Event on a pod that holds no GPU, none for a GPU nobody holds.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::watch;
+
+use super::kubernetes::{ApiError, Link, NodeApi, NodePod};
+use super::node_conditions::{event_name, fault_key, UPDATE_EVERY};
+use super::pod_resources::Lookup;
+use crate::model::{Assignments, Component, Fault, GpuHolder, GpuStatus, HealthSnapshot, Severity};
+use crate::shutdown::Shutdown;
+
+/// What was last posted for one fault: its count and when.
+type Posted = HashMap<String, (u64, Instant)>;
+
+/// The containers holding a GPU, by pod `(namespace, name)`.
+type ByPod = BTreeMap<(String, String), Vec<GpuHolder>>;
+
+/// GPU faults that need their pod Events created or updated.
+fn due<'a>(faults: &'a [Fault], posted: &Posted, now: Instant) -> Vec<&'a Fault> {
+    faults
+        .iter()
+        .filter(|f| matches!(f.component, Component::Gpu { .. }))
+        .filter(|f| f.class.severity >= Severity::Warning)
+        .filter(|f| match posted.get(&fault_key(f)) {
+            None => true,
+            Some((count, at)) => f.count > *count && now.duration_since(*at) >= UPDATE_EVERY,
+        })
+        .collect()
+}
+
+/// The Event for `fault` on one pod, holding the GPU through `holders` (its containers).
+fn pod_event(
+    node: &str,
+    fault: &Fault,
+    gpu: Option<&GpuStatus>,
+    pod: &NodePod,
+    holders: &[GpuHolder],
+) -> (String, serde_json::Value) {
+    let hash = crate::model::stable_hash(&format!("{}|{}", fault_key(fault), pod.uid));
+    let name = format!("{}.gpu-agent.{hash:016x}", pod.name);
+    let pci = match fault.component {
+        Component::Gpu { pci } => pci.to_string(),
+        _ => String::new(),
+    };
+    let index = gpu.map_or_else(|| "?".to_string(), |g| g.index.to_string());
+    let uuid = gpu
+        .and_then(|g| g.nvml.as_ref())
+        .and_then(|n| n.uuid.as_deref())
+        .unwrap_or("uuid unknown");
+    let containers: Vec<String> = holders
+        .iter()
+        .map(|h| format!("{} ({})", h.container, h.device_id))
+        .collect();
+    let message = format!(
+        "GPU {index} ({pci}, {uuid}) held by container {}: {} {} ({}), action {}: {}; Node Event default/{}",
+        containers.join(", "),
+        fault.code,
+        fault.class.name,
+        fault.class.severity,
+        fault.class.action,
+        fault.detail,
+        event_name(node, fault),
+    );
+    let body = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": { "name": name, "namespace": pod.namespace },
+        "involvedObject": { "apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace, "uid": pod.uid },
+        "reason": fault.reason(),
+        "message": message,
+        "type": "Warning",
+        "count": fault.count,
+        "firstTimestamp": crate::model::time::rfc3339(fault.first_seen),
+        "lastTimestamp": crate::model::time::rfc3339(fault.last_seen),
+        "source": { "component": "gpu-agent", "host": node },
+        "reportingComponent": "gpu-agent",
+        "reportingInstance": node,
+    });
+    (name, body)
+}
+
+struct Poster {
+    link: Link,
+    lookup: Lookup,
+    posted: Posted,
+    /// Pods by `(namespace, name)`, from the last LIST (their uids).
+    pods: HashMap<(String, String), NodePod>,
+}
+
+impl Poster {
+    /// Post the Events `faults` need; `Ok` marks them done.
+    async fn post(&mut self, faults: &[&Fault], snapshot: &HealthSnapshot) -> Result<(), String> {
+        let assignments: Arc<Assignments> =
+            self.lookup.assignments().await.map_err(|e| e.to_string())?;
+        let mut work: Vec<(&Fault, ByPod)> = Vec::new();
+        for f in faults {
+            let Component::Gpu { pci } = f.component else {
+                continue;
+            };
+            let mut by_pod = ByPod::new();
+            for h in assignments.holders(pci, &snapshot.gpus) {
+                by_pod
+                    .entry((h.namespace.clone(), h.pod.clone()))
+                    .or_default()
+                    .push(h);
+            }
+            work.push((f, by_pod));
+        }
+        if work.iter().any(|(_, pods)| !pods.is_empty()) {
+            let api = self.link.api().await.map_err(|e| e.to_string())?;
+            let result = self.post_with(&api, &work, snapshot).await;
+            if let Err(e) = &result {
+                self.link.after_error(e);
+            }
+            result.map_err(|e| e.to_string())?;
+        }
+        let now = Instant::now();
+        for f in faults {
+            self.posted.insert(fault_key(f), (f.count, now));
+        }
+        Ok(())
+    }
+
+    async fn post_with(
+        &mut self,
+        api: &NodeApi,
+        work: &[(&Fault, ByPod)],
+        snapshot: &HealthSnapshot,
+    ) -> Result<(), ApiError> {
+        let wanted = work.iter().flat_map(|(_, pods)| pods.keys());
+        if wanted.clone().any(|key| !self.pods.contains_key(key)) {
+            self.pods = api
+                .pods_on_node()
+                .await?
+                .into_iter()
+                .map(|p| ((p.namespace.clone(), p.name.clone()), p))
+                .collect();
+        }
+        let node = api.node().to_string();
+        for (fault, pods) in work {
+            let gpu = match fault.component {
+                Component::Gpu { pci } => snapshot.gpus.iter().find(|g| g.pci == pci),
+                _ => None,
+            };
+            for (key, holders) in pods {
+                let Some(pod) = self.pods.get(key) else {
+                    tracing::info!(namespace = %key.0, pod = %key.1, "Pod holding a faulty GPU is gone from the API server; no Event.");
+                    continue;
+                };
+                let (name, body) = pod_event(&node, fault, gpu, pod, holders);
+                let update = || serde_json::json!({ "count": body["count"], "lastTimestamp": body["lastTimestamp"], "message": body["message"] });
+                if self.posted.contains_key(&fault_key(fault)) {
+                    match api.patch_event_in(&pod.namespace, &name, &update()).await {
+                        Err(e) if e.code() == Some(404) => {
+                            api.create_event_in(&pod.namespace, &body).await?
+                        }
+                        other => other?,
+                    }
+                } else {
+                    match api.create_event_in(&pod.namespace, &body).await {
+                        // There already (a restarted agent): update it.
+                        Err(e) if e.code() == Some(409) => {
+                            api.patch_event_in(&pod.namespace, &name, &update()).await?;
+                        }
+                        other => other?,
+                    }
+                }
+                tracing::warn!(namespace = %pod.namespace, pod = %pod.name, fault = %fault.label(), "Fault posted on the pod holding the GPU.");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Run until shutdown.
+pub async fn run(
+    link: Link,
+    lookup: Lookup,
+    mut snapshots: watch::Receiver<Arc<HealthSnapshot>>,
+    mut shutdown: Shutdown,
+) {
+    let mut poster = Poster {
+        link,
+        lookup,
+        posted: Posted::new(),
+        pods: HashMap::new(),
+    };
+    let mut last_error: Option<String> = None;
+    loop {
+        let snapshot = Arc::clone(&snapshots.borrow_and_update());
+        // Forget faults that are gone (cleared): a new occurrence is a new Event.
+        let live: std::collections::HashSet<String> =
+            snapshot.faults.iter().map(fault_key).collect();
+        poster.posted.retain(|key, _| live.contains(key));
+        let faults = due(&snapshot.faults, &poster.posted, Instant::now());
+        if !faults.is_empty() {
+            match poster.post(&faults, &snapshot).await {
+                Ok(()) => last_error = None,
+                Err(e) => {
+                    // Retried at the next change; logged once per distinct reason.
+                    if last_error.as_deref() != Some(&e) {
+                        tracing::warn!(error = %e, "Cannot post GPU faults on the pods holding the GPU; retrying at the next change.");
+                        last_error = Some(e);
+                    }
+                }
+            }
+        }
+        tokio::select! {
+            changed = snapshots.changed() => if changed.is_err() { return },
+            () = shutdown.wait() => return,
+        }
+    }
+}

@@ -1,0 +1,286 @@
+//! The real daemon with the test kubelet's pod-resources server (gRPC on a Unix socket), the
+//! test API server and the fake NVML library: a GPU fault reaches the pods holding that GPU
+//! (every ID shape the NVIDIA device plugin hands out), `status` names each GPU's holders,
+//! and a missing or failing kubelet turns the lookup off with the reason, then on again.
+
+use std::time::Duration;
+
+use gpu_agent_e2e::kube_api::KubeApi;
+use gpu_agent_e2e::kubelet::{Kubelet, Mode};
+use gpu_agent_e2e::{inject, wait_until as wait, Agent, Host, NvmlScenario};
+use serde_json::Value;
+
+const NODE: &str = "gpu-node-3";
+
+fn config(host: &Host, api: &KubeApi) -> String {
+    format!(
+        "node_name = \"{NODE}\"\n[kubernetes]\nkubeconfig = {:?}\n",
+        api.kubeconfig(host.dir.path())
+    )
+}
+
+fn pod_events(api: &KubeApi) -> Vec<Value> {
+    api.events()
+        .into_iter()
+        .filter(|e| e["involvedObject"]["kind"] == "Pod")
+        .collect()
+}
+
+fn events_on(api: &KubeApi, pod: &str) -> Vec<Value> {
+    pod_events(api)
+        .into_iter()
+        .filter(|e| e["involvedObject"]["name"] == pod)
+        .collect()
+}
+
+fn sink(agent: &Agent, name: &str) -> Value {
+    let s = agent.snapshot().expect("snapshot");
+    s["sinks"]
+        .as_array()
+        .and_then(|a| a.iter().find(|x| x["sink"] == name).cloned())
+        .unwrap_or(Value::Null)
+}
+
+#[test]
+fn an_xid_on_gpu_3_reaches_the_pod_holding_gpu_3_and_no_other() {
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    let kubelet = Kubelet::start(&host.kubelet_socket());
+    for (pod, uid) in [
+        ("train-a", "uid-a"),
+        ("train-b", "uid-b"),
+        ("web", "uid-web"),
+    ] {
+        api.add_pod(if pod == "web" { "apps" } else { "ml" }, pod, uid, NODE);
+    }
+    kubelet.assign(
+        "ml",
+        "train-a",
+        "trainer",
+        "nvidia.com/gpu",
+        &[&host.gpu_uuid(3), &host.gpu_uuid(2)],
+    );
+    kubelet.assign(
+        "ml",
+        "train-b",
+        "trainer",
+        "nvidia.com/gpu",
+        &[&host.gpu_uuid(1)],
+    );
+    kubelet.assign("apps", "web", "nginx", "vpc.amazonaws.com/efa", &["efa0"]);
+    let agent = host.start_with_nvml(&NvmlScenario::healthy(), &config(&host, &api));
+    agent.wait_for(Duration::from_secs(10), |s| {
+        s["gpus"][3]["nvml"]["uuid"] == host.gpu_uuid(3).as_str()
+    });
+
+    // Nothing happens, nothing is asked: no List while the node is healthy (the `status`
+    // requests above each asked once).
+    let asked = kubelet.list_calls();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        kubelet.list_calls(),
+        asked,
+        "the kubelet is asked only on demand"
+    );
+
+    let bdf = host.gpu_bdf(3);
+    inject(&format!(
+        "NVRM: Xid (PCI:{bdf}): 79, pid=1234, name=python, GPU has fallen off the bus."
+    ));
+    wait(Duration::from_secs(10), "the pod Event", || {
+        !events_on(&api, "train-a").is_empty()
+    });
+    let event = events_on(&api, "train-a").remove(0);
+    assert_eq!(event["metadata"]["namespace"], "ml");
+    assert_eq!(
+        event["involvedObject"],
+        serde_json::json!({ "apiVersion": "v1", "kind": "Pod", "name": "train-a", "namespace": "ml", "uid": "uid-a" })
+    );
+    assert_eq!(event["reason"], "NvidiaXID79Error");
+    assert_eq!(event["type"], "Warning");
+    let message = event["message"].as_str().expect("message");
+    for part in [
+        "GPU 3",
+        bdf.as_str(),
+        host.gpu_uuid(3).as_str(),
+        "container trainer",
+        "fatal",
+        "action reboot",
+    ] {
+        assert!(message.contains(part), "{part:?} missing from {message}");
+    }
+    // It names the Node Event it belongs to, which exists.
+    let node_event = message
+        .rsplit_once("Node Event default/")
+        .map(|(_, n)| n.to_string())
+        .expect("node event named");
+    wait(Duration::from_secs(5), "the Node Event", || {
+        api.events()
+            .iter()
+            .any(|e| e["metadata"]["name"] == node_event.as_str())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        events_on(&api, "train-b").is_empty(),
+        "train-b holds GPU 1 only"
+    );
+    assert!(events_on(&api, "web").is_empty(), "web holds no GPU");
+    assert_eq!(pod_events(&api).len(), 1, "{:?}", pod_events(&api));
+
+    // `status` names the holders; `--json` carries them.
+    let (_, text) = agent.status(false);
+    assert!(text.contains("held by ml/train-a (trainer)"), "{text}");
+    let (_, json) = agent.status(true);
+    let json: Value = serde_json::from_str(&json).expect("json");
+    assert_eq!(json["gpus"][3]["holders"][0]["pod"], "train-a");
+    assert_eq!(json["gpus"][1]["holders"][0]["pod"], "train-b");
+    assert_eq!(json["gpus"][0]["holders"], serde_json::json!([]));
+    wait(Duration::from_secs(3), "pod-resources on", || {
+        sink(&agent, "pod-resources")["state"] == "on"
+    });
+    assert!(agent.stop().success());
+}
+
+#[test]
+fn shared_mig_and_index_ids_each_reach_their_pods() {
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    let kubelet = Kubelet::start(&host.kubelet_socket());
+    let uuid = |i: usize| host.gpu_uuid(i);
+    let mig = format!("MIG-{:08x}-5005", host.domain);
+    // Time-slicing: replicas of GPU 3 in two pods; MIG: a slice of GPU 5; index strategy: 6.
+    let pods = [
+        (
+            "slice-0",
+            format!("{}::0", uuid(3)),
+            "nvidia.com/gpu.shared",
+        ),
+        (
+            "slice-1",
+            format!("{}::1", uuid(3)),
+            "nvidia.com/gpu.shared",
+        ),
+        ("mig", mig.clone(), "nvidia.com/mig-1g.10gb"),
+        ("by-index", "6".to_string(), "nvidia.com/gpu"),
+        ("other", format!("{}::2", uuid(0)), "nvidia.com/gpu.shared"),
+    ];
+    for (pod, id, resource) in &pods {
+        api.add_pod("ml", pod, &format!("uid-{pod}"), NODE);
+        kubelet.assign("ml", pod, "main", resource, &[id]);
+    }
+    let scenario = NvmlScenario::healthy().gpu(5, &format!("mig = [{mig:?}]"));
+    let agent = host.start_with_nvml(&scenario, &config(&host, &api));
+    agent.wait_for(Duration::from_secs(10), |s| {
+        s["gpus"][5]["nvml"]["mig_uuids"][0] == mig.as_str()
+    });
+    for gpu in [3, 5, 6] {
+        inject(&format!(
+            "NVRM: Xid (PCI:{}): 48, pid=1, name=python, An uncorrectable double bit error",
+            host.gpu_bdf(gpu)
+        ));
+    }
+    for pod in ["slice-0", "slice-1", "mig", "by-index"] {
+        if !events_on(&api, pod).is_empty() {
+            continue;
+        }
+        std::thread::sleep(Duration::from_secs(10));
+        assert!(
+            !events_on(&api, pod).is_empty(),
+            "{pod}: {}\n{:?}",
+            agent.log(),
+            api.events()
+        );
+    }
+    let mig_event = events_on(&api, "mig").remove(0);
+    assert!(
+        mig_event["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("GPU 5") && m.contains(&mig)),
+        "{mig_event}"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(events_on(&api, "other").is_empty(), "GPU 0 has no fault");
+    assert_eq!(pod_events(&api).len(), 4);
+    // One burst of faults, one List (the answer is reused for the others).
+    assert!(kubelet.list_calls() <= 2, "{}", kubelet.list_calls());
+    assert!(agent.stop().success());
+}
+
+#[test]
+fn no_kubelet_is_off_with_the_reason_and_it_comes_back() {
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    // A short cache, so each step below sees the kubelet's latest answer.
+    let config = format!(
+        "{}[pod_resources]\nsocket = {:?}\ncache_for = \"200ms\"\n",
+        config(&host, &api),
+        host.kubelet_socket()
+    );
+    let agent = host.start_with_nvml(&NvmlScenario::healthy(), &config);
+
+    // No socket: status says why, the rest of the agent is unchanged.
+    let (_, text) = agent.status(false);
+    assert!(
+        text.contains("which pod holds each GPU is unknown: no pod-resources socket at"),
+        "{text}"
+    );
+    wait(Duration::from_secs(3), "off", || {
+        sink(&agent, "pod-resources")["state"] == "off"
+    });
+    assert!(sink(&agent, "pod-resources")["reason"]
+        .as_str()
+        .is_some_and(|r| r.contains("kubelet.sock")));
+
+    // The kubelet starts: on, with holders (and a DRA claim shown as not mapped).
+    let kubelet = Kubelet::start(&host.kubelet_socket());
+    kubelet.assign(
+        "ml",
+        "train",
+        "trainer",
+        "nvidia.com/gpu",
+        &[&host.gpu_uuid(4)],
+    );
+    kubelet.assign_dra("ml", "dra-pod", "main", "gpu-1");
+    kubelet.assign(
+        "ml",
+        "stale",
+        "main",
+        "nvidia.com/gpu",
+        &["GPU-not-on-this-node"],
+    );
+    let (_, text) = agent.status(false);
+    assert!(text.contains("held by ml/train (trainer)"), "{text}");
+    assert!(
+        text.contains("DRA: ml/dra-pod (main) holds gpu-1 from gpu.nvidia.com"),
+        "{text}"
+    );
+    assert!(
+        text.contains("device ID not mapped to a GPU: GPU-not-on-this-node"),
+        "{text}"
+    );
+    wait(Duration::from_secs(3), "on", || {
+        sink(&agent, "pod-resources")["state"] == "on"
+    });
+
+    // UNAVAILABLE: failed with the kubelet's code.
+    kubelet.set_mode(Mode::Unavailable);
+    std::thread::sleep(Duration::from_millis(300)); // past the cache
+    let (_, text) = agent.status(false);
+    assert!(text.contains("Unavailable"), "{text}");
+    wait(Duration::from_secs(3), "failed", || {
+        sink(&agent, "pod-resources")["state"] == "failed"
+    });
+
+    // The kubelet restarts (socket gone, then back): on again, no agent restart.
+    let state = kubelet.stop();
+    state.lock().expect("state").mode = Mode::Normal;
+    let (_, text) = agent.status(false);
+    assert!(text.contains("no pod-resources socket"), "{text}");
+    let _kubelet = Kubelet::restart(&host.kubelet_socket(), state);
+    let (_, text) = agent.status(false);
+    assert!(text.contains("held by ml/train (trainer)"), "{text}");
+    wait(Duration::from_secs(3), "on again", || {
+        sink(&agent, "pod-resources")["state"] == "on"
+    });
+    assert!(agent.stop().success());
+}
