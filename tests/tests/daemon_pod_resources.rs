@@ -163,12 +163,16 @@ fn shared_mig_and_index_ids_each_reach_their_pods() {
         ("mig", mig.clone(), "nvidia.com/mig-1g.10gb"),
         ("by-index", "6".to_string(), "nvidia.com/gpu"),
         ("other", format!("{}::2", uuid(0)), "nvidia.com/gpu.shared"),
+        ("nvml-fault", uuid(7), "nvidia.com/gpu"),
     ];
     for (pod, id, resource) in &pods {
         api.add_pod("ml", pod, &format!("uid-{pod}"), NODE);
         kubelet.assign("ml", pod, "main", resource, &[id]);
     }
-    let scenario = NvmlScenario::healthy().gpu(5, &format!("mig = [{mig:?}]"));
+    // GPU 7's fault comes from NVML, not the kernel log.
+    let scenario = NvmlScenario::healthy()
+        .gpu(5, &format!("mig = [{mig:?}]"))
+        .gpu(7, "remap.failure = true\nremap.uncorrectable = 9");
     let agent = host.start_with_nvml(&scenario, &config(&host, &api));
     agent.wait_for(Duration::from_secs(10), |s| {
         s["gpus"][5]["nvml"]["mig_uuids"][0] == mig.as_str()
@@ -179,7 +183,7 @@ fn shared_mig_and_index_ids_each_reach_their_pods() {
             host.gpu_bdf(gpu)
         ));
     }
-    for pod in ["slice-0", "slice-1", "mig", "by-index"] {
+    for pod in ["slice-0", "slice-1", "mig", "by-index", "nvml-fault"] {
         if !events_on(&api, pod).is_empty() {
             continue;
         }
@@ -200,9 +204,11 @@ fn shared_mig_and_index_ids_each_reach_their_pods() {
     );
     std::thread::sleep(Duration::from_millis(500));
     assert!(events_on(&api, "other").is_empty(), "GPU 0 has no fault");
-    assert_eq!(pod_events(&api).len(), 4);
-    // One burst of faults, one List (the answer is reused for the others).
-    assert!(kubelet.list_calls() <= 2, "{}", kubelet.list_calls());
+    assert_eq!(pod_events(&api).len(), 5);
+    assert_eq!(events_on(&api, "nvml-fault")[0]["reason"], "NvidiaRowRemapFailure");
+    // A burst of faults costs a List or two (the answer is reused within cache_for), not one
+    // per fault.
+    assert!(kubelet.list_calls() <= 3, "{}", kubelet.list_calls());
     assert!(agent.stop().success());
 }
 
