@@ -3,7 +3,7 @@
 #
 #   sudo tests/bench.sh [all|size|footprint|latency|flood|throughput]   (default: all)
 #
-# Knobs: FOOTPRINT_SECS (600), FLOOD_RATE (100000), FLOOD_SECS (60).
+# Knobs: FOOTPRINT_SECS (600), FOOTPRINT_RUNS (1), FLOOD_RATE (100000), FLOOD_SECS (60).
 # The flood overwrites the shared kernel log and the latency runs inject into it: run this
 # alone, not beside the test suite.
 set -euo pipefail
@@ -25,9 +25,16 @@ case "$what" in all | size)
   stat -c '%s bytes  %n' "$GPU_AGENT_BIN"
   ;; esac
 case "$what" in all | footprint)
+  # FOOTPRINT_RUNS runs per configuration (a fresh daemon each), then the median and the
+  # spread (min-max) of RSS and CPU.
   for config in kmsg kmsg+imds kmsg+imds+kube all; do
-    echo "== start-to-READY and idle footprint, $config (${FOOTPRINT_SECS:-600} s)"
-    FOOTPRINT_CONFIG=$config bench gpu-agent-e2e footprint
+    echo "== start-to-READY and idle footprint, $config (${FOOTPRINT_SECS:-600} s x ${FOOTPRINT_RUNS:-1})"
+    out=$(for _ in $(seq "${FOOTPRINT_RUNS:-1}"); do FOOTPRINT_CONFIG=$config bench gpu-agent-e2e footprint; done)
+    echo "$out"
+    summary() { # $1: sed expression extracting the number from an "idle" line
+      sed -n "$1" <<<"$out" | sort -n | awk '{v[NR]=$1} END {if (NR) printf "median %s, min %s, max %s (%d runs)", v[int((NR+1)/2)], v[1], v[NR], NR}'
+    }
+    echo "-- $config: RSS KiB $(summary 's/^idle.*: RSS \([0-9]*\) KiB now.*/\1/p'); CPU % $(summary 's/^idle.*CPU \([0-9.]*\)% .*/\1/p'); CPU % (live threads, precise) $(summary 's/^idle.*to the microsecond: \([0-9.]*\)%.*/\1/p')"
   done
   ;; esac
 case "$what" in all | latency)

@@ -23,7 +23,9 @@ use gpu_agent_e2e::imds::FakeImds;
 use gpu_agent_e2e::kube_api::KubeApi;
 use gpu_agent_e2e::kubelet::Kubelet;
 use gpu_agent_e2e::logind::FakeLogind;
-use gpu_agent_e2e::{cpu_ticks, fake_nvml, status_kib, Agent, Host, NvmlScenario};
+use gpu_agent_e2e::{
+    cpu_ns_live_threads, cpu_ticks, fake_nvml, status_kib, Agent, Host, NvmlScenario,
+};
 
 fn main() {
     let secs: u64 = std::env::var("FOOTPRINT_SECS")
@@ -38,7 +40,13 @@ fn main() {
     let kubelet = Kubelet::start(&host.kubelet_socket());
     for gpu in 0..8 {
         let pod = format!("train-{gpu}");
-        kubelet.assign("ml", &pod, "trainer", "nvidia.com/gpu", &[&host.gpu_uuid(gpu)]);
+        kubelet.assign(
+            "ml",
+            &pod,
+            "trainer",
+            "nvidia.com/gpu",
+            &[&host.gpu_uuid(gpu)],
+        );
     }
     NvmlScenario::healthy().write(&host);
     let which = std::env::var("FOOTPRINT_CONFIG").unwrap_or_else(|_| "all".into());
@@ -131,15 +139,17 @@ fn main() {
     std::thread::sleep(Duration::from_secs(5));
     let pid = agent.pid();
     let lists0 = kubelet.list_calls();
-    let (ticks0, t0) = (cpu_ticks(pid), Instant::now());
+    let (ticks0, ns0, t0) = (cpu_ticks(pid), cpu_ns_live_threads(pid), Instant::now());
     let mut rss_max = 0;
     while t0.elapsed() < Duration::from_secs(secs) {
         std::thread::sleep(Duration::from_secs(1));
         rss_max = rss_max.max(status_kib(pid, "VmRSS:"));
     }
-    let cpu = (cpu_ticks(pid) - ticks0) as f64 / 100.0 / t0.elapsed().as_secs_f64() * 100.0;
+    let elapsed = t0.elapsed().as_secs_f64();
+    let cpu = (cpu_ticks(pid) - ticks0) as f64 / 100.0 / elapsed * 100.0;
+    let cpu_precise = cpu_ns_live_threads(pid).saturating_sub(ns0) as f64 / 1e9 / elapsed * 100.0;
     println!(
-        "idle {secs} s, {which}: RSS {} KiB now, max {rss_max} KiB, VmHWM {} KiB; CPU {cpu:.3}% of one core; IMDS GETs {}, API requests {}, kubelet pod-resources Lists while idle {}",
+        "idle {secs} s, {which}: RSS {} KiB now, max {rss_max} KiB, VmHWM {} KiB; CPU {cpu:.3}% of one core (10 ms ticks; live threads, to the microsecond: {cpu_precise:.4}%); IMDS GETs {}, API requests {}, kubelet pod-resources Lists while idle {}",
         status_kib(pid, "VmRSS:"),
         status_kib(pid, "VmHWM:"),
         imds.gets(),

@@ -115,6 +115,26 @@ pub fn cpu_ticks(pid: u32) -> u64 {
     get(11) + get(12)
 }
 
+/// CPU time, in nanoseconds, the process's live threads have used (`se.sum_exec_runtime` of
+/// each `/proc/PID/task/TID/sched`, microsecond precision, where `/proc/PID/stat` counts
+/// 10 ms ticks). Threads that exited are not counted.
+pub fn cpu_ns_live_threads(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("sched")).ok())
+        .filter_map(|text| {
+            text.lines()
+                .find(|l| l.starts_with("se.sum_exec_runtime"))
+                .and_then(|l| l.rsplit(':').next())
+                .and_then(|ms| ms.trim().parse::<f64>().ok())
+        })
+        .map(|ms| (ms * 1e6) as u64)
+        .sum()
+}
+
 /// A `kB` field of `/proc/PID/status` (`"VmRSS:"`, `"VmHWM:"`), in KiB; 0 if absent.
 pub fn status_kib(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))

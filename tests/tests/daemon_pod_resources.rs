@@ -205,7 +205,10 @@ fn shared_mig_and_index_ids_each_reach_their_pods() {
     std::thread::sleep(Duration::from_millis(500));
     assert!(events_on(&api, "other").is_empty(), "GPU 0 has no fault");
     assert_eq!(pod_events(&api).len(), 5);
-    assert_eq!(events_on(&api, "nvml-fault")[0]["reason"], "NvidiaRowRemapFailure");
+    assert_eq!(
+        events_on(&api, "nvml-fault")[0]["reason"],
+        "NvidiaRowRemapFailure"
+    );
     // A burst of faults costs a List or two (the answer is reused within cache_for), not one
     // per fault.
     assert!(kubelet.list_calls() <= 3, "{}", kubelet.list_calls());

@@ -1,5 +1,6 @@
 //! `gpu-agent run`: the daemon.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -67,7 +68,7 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
     if config.kmsg.enabled {
         model.apply(Observation::Source(SourceKind::Kmsg, SourceState::Starting));
         let settings = HostFacts::kmsg_settings(&config, model.kmsg_cursor());
-        kmsg::spawn(settings, std::sync::Arc::clone(&counters), tx.clone())
+        kmsg::spawn(settings, Arc::clone(&counters), tx.clone())
             .context("cannot start the kernel-log thread")?;
     } else {
         model.apply(Observation::Source(
@@ -102,7 +103,7 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
     // Sinks report their own state to the core on the same queue.
     let sink_tx = tx;
 
-    let (core, handle, snapshots) = Core::new(model, store, counters);
+    let (core, handle, snapshots) = Core::new(model, store, Arc::clone(&counters));
     let core_task = tokio::spawn(core.run(rx, shutdown.clone()));
 
     // Which pod holds which GPU: asked only when a fault, a signal or `status` needs it.
@@ -130,6 +131,7 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
                 snapshots.clone(),
                 handle.clone(),
                 holders,
+                Arc::clone(&counters),
                 shutdown.clone(),
             ));
         }
@@ -209,7 +211,10 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
     spawn_client_sources(&config, &snapshots, &sink_tx, &shutdown);
     drop(sink_tx);
     if config.metrics.enabled {
-        registry.register_collector(Box::new(metrics::SnapshotCollector::new(snapshots.clone())));
+        registry.register_collector(Box::new(metrics::SnapshotCollector::new(
+            snapshots.clone(),
+            Arc::clone(&counters),
+        )));
         match metrics::serve(config.metrics.listen, registry, shutdown.clone()).await {
             Ok((addr, server)) => {
                 tracing::info!(%addr, "Serving metrics at /metrics.");

@@ -20,7 +20,8 @@ pub use persist::{PersistError, PersistedState, StateStore};
 use crate::model::{HealthSnapshot, KmsgCounters, Observation};
 use crate::shutdown::Shutdown;
 
-/// How often dirty state is written and kernel-log counters are republished.
+/// How soon dirty state is written (the first change at once, later ones at most this
+/// often). Nothing ticks while nothing is dirty: an idle agent is asleep.
 const TICK: Duration = Duration::from_secs(1);
 /// The most observations merged before a snapshot is published, so a flood still shows up.
 const MAX_BATCH: usize = 4096;
@@ -100,7 +101,6 @@ impl Core {
         let mut dirty = false;
         let mut saving: Option<JoinHandle<Result<(), String>>> = None;
         let mut sources_open = true;
-        let mut published_stats = self.counters.stats();
         loop {
             tokio::select! {
                 observation = observations.recv(), if sources_open => {
@@ -117,7 +117,7 @@ impl Core {
                     }
                     if changed {
                         dirty = true;
-                        published_stats = self.publish();
+                        self.publish();
                     }
                 }
                 Some(request) = self.requests.recv() => match request {
@@ -127,7 +127,7 @@ impl Core {
                     Request::Clear(selector, reply) => {
                         let cleared = self.model.clear(selector.as_deref());
                         if !cleared.is_empty() {
-                            published_stats = self.publish();
+                            self.publish();
                             dirty = true;
                         }
                         let _ = reply.send(cleared);
@@ -143,14 +143,11 @@ impl Core {
                     // A failed save (disk full, read-only) stays dirty: retried next tick.
                     dirty |= !self.saved(result.unwrap_or_else(|e| Err(e.to_string())));
                 }
-                _ = tick.tick() => {
-                    if dirty && saving.is_none() {
-                        saving = self.start_save();
-                        dirty = false;
-                    }
-                    if self.counters.stats() != published_stats {
-                        published_stats = self.publish();
-                    }
+                // Only while something waits to be saved; the kernel-log counters are read
+                // live by `status` and `/metrics`, so they need no republishing.
+                _ = tick.tick(), if dirty && saving.is_none() => {
+                    saving = self.start_save();
+                    dirty = false;
                 }
                 () = shutdown.wait() => break,
             }
@@ -169,11 +166,9 @@ impl Core {
         }
     }
 
-    fn publish(&self) -> crate::model::KmsgStats {
-        let stats = self.counters.stats();
+    fn publish(&self) {
         self.snapshots
-            .send_replace(Arc::new(self.model.snapshot(stats)));
-        stats
+            .send_replace(Arc::new(self.model.snapshot(self.counters.stats())));
     }
 
     /// Start saving the current state on the blocking pool; `None` without a store.

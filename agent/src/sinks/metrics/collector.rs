@@ -9,16 +9,27 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
-use crate::model::{Component, FaultCode, Health, HealthSnapshot, SourceState};
+use crate::model::{Component, FaultCode, Health, HealthSnapshot, KmsgCounters, SourceState};
 
 /// Reads the latest snapshot on every scrape.
 #[derive(Debug)]
-pub struct SnapshotCollector(watch::Receiver<Arc<HealthSnapshot>>);
+pub struct SnapshotCollector {
+    snapshots: watch::Receiver<Arc<HealthSnapshot>>,
+    counters: Arc<KmsgCounters>,
+}
 
 impl SnapshotCollector {
-    /// A collector over the core's snapshot channel.
-    pub fn new(snapshots: watch::Receiver<Arc<HealthSnapshot>>) -> Self {
-        Self(snapshots)
+    /// A collector over the core's snapshot channel; the kernel-log counters are read live
+    /// at scrape time (the core publishes no snapshot for them, so an idle agent stays
+    /// asleep).
+    pub fn new(
+        snapshots: watch::Receiver<Arc<HealthSnapshot>>,
+        counters: Arc<KmsgCounters>,
+    ) -> Self {
+        Self {
+            snapshots,
+            counters,
+        }
     }
 }
 
@@ -180,7 +191,7 @@ fn code_label(code: FaultCode) -> String {
 
 impl Collector for SnapshotCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
-        let s = Arc::clone(&self.0.borrow());
+        let s = Arc::clone(&self.snapshots.borrow());
         {
             let labels = [("version", s.version.as_str())];
             let metric = ConstGauge::new(1);
@@ -289,35 +300,36 @@ impl Collector for SnapshotCollector {
                 ConstGauge::new(up).encode(family.encode_family(&labels)?)?;
             }
         }
+        let kmsg = self.counters.stats();
         counter(
             &mut encoder,
             "gpu_agent_kmsg_records_read",
             "Kernel log records read.",
-            s.kmsg.records_read,
+            kmsg.records_read,
         )?;
         counter(
             &mut encoder,
             "gpu_agent_kmsg_records_lost",
             "Kernel log records overwritten before they were read (overruns, or while the agent was stopped).",
-            s.kmsg.records_lost,
+            kmsg.records_lost,
         )?;
         counter(
             &mut encoder,
             "gpu_agent_kmsg_records_matched",
             "Kernel log records that were GPU or NVSwitch faults.",
-            s.kmsg.records_matched,
+            kmsg.records_matched,
         )?;
         counter(
             &mut encoder,
             "gpu_agent_kmsg_records_unparsed",
             "Kernel log records skipped because their header could not be parsed.",
-            s.kmsg.records_unparsed,
+            kmsg.records_unparsed,
         )?;
         counter(
             &mut encoder,
             "gpu_agent_kmsg_records_ignored",
             "Fault lines written by userspace (not the kernel, not a gpu-agent inject drill), ignored.",
-            s.kmsg.records_ignored,
+            kmsg.records_ignored,
         )?;
         telemetry(&mut encoder, &s)
     }
@@ -349,8 +361,18 @@ mod tests {
             records_ignored: 4,
         };
         let (_tx, rx) = watch::channel(Arc::new(model.snapshot(stats)));
+        let counters = Arc::new(KmsgCounters::default());
+        for (counter, value) in [
+            (&counters.read, 10),
+            (&counters.lost, 2),
+            (&counters.matched, 1),
+            (&counters.unparsed, 3),
+            (&counters.ignored, 4),
+        ] {
+            counter.store(value, std::sync::atomic::Ordering::Relaxed);
+        }
         let mut registry = Registry::default();
-        registry.register_collector(Box::new(SnapshotCollector::new(rx)));
+        registry.register_collector(Box::new(SnapshotCollector::new(rx, counters)));
         let text = encode(&registry).expect("encode");
         assert!(text.contains("gpu_agent_node_health 2"), "{text}");
         assert!(text.contains(r#"gpu_agent_fault_active{gpu="0000:3b:00.0",component="gpu",code="xid-79",severity="fatal",action="reboot"} 1"#), "{text}");

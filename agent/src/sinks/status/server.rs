@@ -11,7 +11,7 @@ use tokio::sync::{watch, Semaphore};
 
 use super::{Request, Response};
 use crate::core::CoreHandle;
-use crate::model::HealthSnapshot;
+use crate::model::{HealthSnapshot, KmsgCounters};
 use crate::shutdown::Shutdown;
 
 /// Where `status` learns which pod holds each GPU (the pod-resources lookup); `None`: off.
@@ -125,6 +125,7 @@ pub async fn serve(
     snapshots: watch::Receiver<Arc<HealthSnapshot>>,
     core: CoreHandle,
     holders: Holders,
+    counters: Arc<KmsgCounters>,
     mut shutdown: Shutdown,
 ) {
     let permits = Arc::new(Semaphore::new(MAX_CLIENTS));
@@ -148,9 +149,10 @@ pub async fn serve(
         let snapshots = snapshots.clone();
         let core = core.clone();
         let holders = holders.clone();
+        let counters = Arc::clone(&counters);
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(CLIENT_TIMEOUT, answer(stream, snapshots, core, holders))
-                .await;
+            let answer = answer(stream, snapshots, core, holders, counters);
+            let _ = tokio::time::timeout(CLIENT_TIMEOUT, answer).await;
             drop(permit);
         });
     }
@@ -161,6 +163,7 @@ async fn answer(
     snapshots: watch::Receiver<Arc<HealthSnapshot>>,
     core: CoreHandle,
     holders: Holders,
+    counters: Arc<KmsgCounters>,
 ) -> std::io::Result<()> {
     let root = stream.peer_cred().is_ok_and(|c| c.uid() == 0);
     let (read, mut write) = stream.into_split();
@@ -170,7 +173,9 @@ async fn answer(
         .await?;
     let response = match serde_json::from_str::<Request>(&line) {
         Ok(Request::Status) => {
-            let current = snapshots.borrow().as_ref().clone();
+            let mut current = snapshots.borrow().as_ref().clone();
+            // Read live: the core publishes no snapshot just for these.
+            current.kmsg = counters.stats();
             let snapshot = Box::new(with_holders(&holders, current).await);
             Response::Status { snapshot }
         }
