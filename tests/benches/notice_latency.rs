@@ -1,7 +1,9 @@
 //! Notice-to-signal latency and the idle cost of polling IMDS every second: the real daemon
 //! (release build), the test IMDS, and a python3 trainer that handles SIGUSR1. For each
 //! sample a new Spot notice is posted and the clock stops when the trainer records the
-//! signal. Expect the poll interval to dominate (uniform over 0-1 s).
+//! signal. Expect the poll interval to dominate (uniform over 0-1 s). Each sample is a new
+//! ending of the instance only because `[checkpoint] ending_window = "0s"` (by default a
+//! second Spot notice within the hour is the same ending, signalled once).
 //!
 //! `cargo build --release -p gpu-agent && sudo cargo bench -p gpu-agent-e2e --bench notice_latency`
 
@@ -17,7 +19,7 @@ fn main() {
     let gpu = gpu_device(host.dir.path(), "nvidia0");
     let trainer = Trainer::start(host.dir.path(), "bench", "usr1", Some(&gpu), &[]);
     let config = host.config(&format!(
-        "[procfs]\nroot = \"/proc\"\n[imds]\nendpoint = {:?}\npoll_interval = \"1s\"\n[checkpoint]\ndevice_glob = \"{}/nvidia[0-9]*\"\n[ec2]\nenabled = false\n[logind]\nenabled = false\n",
+        "[procfs]\nroot = \"/proc\"\n[imds]\nendpoint = {:?}\npoll_interval = \"1s\"\n[checkpoint]\ndevice_glob = \"{}/nvidia[0-9]*\"\nending_window = \"0s\"\n[ec2]\nenabled = false\n[logind]\nenabled = false\n",
         imds.endpoint(),
         host.dir.path().join("dev").display()
     ));
