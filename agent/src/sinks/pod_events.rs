@@ -25,11 +25,19 @@ type Posted = HashMap<String, (u64, Instant)>;
 /// The containers holding a GPU, by pod `(namespace, name)`.
 type ByPod = BTreeMap<(String, String), Vec<GpuHolder>>;
 
-/// GPU faults that need their pod Events created or updated.
-fn due<'a>(faults: &'a [Fault], posted: &Posted, now: Instant) -> Vec<&'a Fault> {
+/// GPU faults that need their pod Events created or updated: on a GPU of this node's
+/// inventory (no other can be held by a pod here, so no other asks the kubelet).
+fn due<'a>(
+    faults: &'a [Fault],
+    gpus: &[GpuStatus],
+    posted: &Posted,
+    now: Instant,
+) -> Vec<&'a Fault> {
     faults
         .iter()
-        .filter(|f| matches!(f.component, Component::Gpu { .. }))
+        .filter(
+            |f| matches!(f.component, Component::Gpu { pci } if gpus.iter().any(|g| g.pci == pci)),
+        )
         .filter(|f| f.class.severity >= Severity::Warning)
         .filter(|f| match posted.get(&fault_key(f)) {
             None => true,
@@ -202,7 +210,12 @@ pub async fn run(
         let live: std::collections::HashSet<String> =
             snapshot.faults.iter().map(fault_key).collect();
         poster.posted.retain(|key, _| live.contains(key));
-        let faults = due(&snapshot.faults, &poster.posted, Instant::now());
+        let faults = due(
+            &snapshot.faults,
+            &snapshot.gpus,
+            &poster.posted,
+            Instant::now(),
+        );
         if !faults.is_empty() {
             match poster.post(&faults, &snapshot).await {
                 Ok(()) => last_error = None,
