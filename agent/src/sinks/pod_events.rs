@@ -166,22 +166,13 @@ impl Poster {
                     continue;
                 };
                 let (name, body) = pod_event(&node, fault, gpu, pod, holders);
-                let update = || serde_json::json!({ "count": body["count"], "lastTimestamp": body["lastTimestamp"], "message": body["message"] });
-                if self.posted.contains_key(&fault_key(fault)) {
-                    match api.patch_event_in(&pod.namespace, &name, &update()).await {
-                        Err(e) if e.code() == Some(404) => {
-                            api.create_event_in(&pod.namespace, &body).await?
-                        }
-                        other => other?,
+                // Create; one already there (an earlier count, a restarted agent) is updated.
+                match api.create_event_in(&pod.namespace, &body).await {
+                    Err(e) if e.code() == Some(409) => {
+                        let update = serde_json::json!({ "count": body["count"], "lastTimestamp": body["lastTimestamp"], "message": body["message"] });
+                        api.patch_event_in(&pod.namespace, &name, &update).await?;
                     }
-                } else {
-                    match api.create_event_in(&pod.namespace, &body).await {
-                        // There already (a restarted agent): update it.
-                        Err(e) if e.code() == Some(409) => {
-                            api.patch_event_in(&pod.namespace, &name, &update()).await?;
-                        }
-                        other => other?,
-                    }
+                    other => other?,
                 }
                 tracing::warn!(namespace = %pod.namespace, pod = %pod.name, fault = %fault.label(), "Fault posted on the pod holding the GPU.");
             }
