@@ -60,13 +60,14 @@ pub struct Config {
     pub node_name: String,
     /// Where the agent keeps its state across restarts.
     pub state_dir: PathBuf,
-    /// A fatal fault that a reset or reboot should fix, seen in this many boots, escalates to
-    /// replace.
+    /// A fatal fault that a reset or reboot should fix, seen in this many boots within
+    /// `escalate_window`, escalates to replace (the only way to replace by repetition).
     pub escalate_after_boots: u32,
-    /// The same fatal reset/reboot fault on the same GPU in this many separate episodes
-    /// (occurrences at least a minute apart) within `escalate_window` escalates to replace.
+    /// The same fatal reset fault on the same GPU in this many separate episodes within one
+    /// boot and `escalate_window` escalates to reboot (an episode ends after a minute with no
+    /// line of it, so a storm of any length is one episode). Never to replace.
     pub escalate_after_repeats: u32,
-    /// The window of `escalate_after_repeats`.
+    /// The window of `escalate_after_boots` and `escalate_after_repeats`.
     pub escalate_window: HumanDuration,
     /// The status socket.
     pub status: StatusConfig,

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::persist::PersistedState;
+use super::persist::{BootSighting, PersistedState};
 use crate::host::NvidiaDevices;
 use crate::model::{
     Action, Component, Fault, FaultCode, FaultReport, GpuIdentity, GpuStatus, Health,
@@ -40,12 +40,12 @@ pub struct HealthModel {
     sinks: BTreeMap<String, SourceState>,
     notices: BTreeMap<SourceKind, Vec<crate::model::Notice>>,
     checkpoints: HashMap<String, crate::model::CheckpointReport>,
-    recurrence: BTreeMap<String, Vec<String>>,
+    recurrence: BTreeMap<String, Vec<BootSighting>>,
     escalate_after_boots: usize,
     escalate_after_repeats: usize,
     escalate_window: Duration,
-    /// Episodes of each fatal fault (occurrences at least [`EPISODE_GAP`] apart).
-    episodes: HashMap<Key, Vec<SystemTime>>,
+    /// Episodes of each fatal fault in this boot.
+    episodes: HashMap<Key, Episodes>,
     leads: HashMap<crate::model::NoticeKind, Duration>,
 }
 
@@ -53,8 +53,37 @@ pub struct HealthModel {
 const RECURRENCE_BOOTS: usize = 8;
 /// The same fault reported by two sources this close together is one occurrence.
 const SAME_OCCURRENCE: Duration = Duration::from_secs(10);
-/// Occurrences of a fault closer together than this are one episode (a burst of lines).
+/// An episode of a fault ends after this long without a line of it: a burst, or a storm of
+/// any length, with no quiet gap this long is one episode.
 const EPISODE_GAP: Duration = Duration::from_secs(60);
+
+/// The episodes of one fault in this boot.
+#[derive(Debug, Default)]
+struct Episodes {
+    /// When each episode within the window began.
+    starts: Vec<SystemTime>,
+    /// The latest occurrence: the current episode ends [`EPISODE_GAP`] after it.
+    last: Option<SystemTime>,
+}
+
+impl Episodes {
+    /// Count an occurrence at `at`; `true` when it begins a new episode.
+    fn occur(&mut self, at: SystemTime) -> bool {
+        let new = self
+            .last
+            .is_none_or(|last| at.duration_since(last).is_ok_and(|gap| gap >= EPISODE_GAP));
+        self.last = Some(self.last.map_or(at, |last| last.max(at)));
+        if new {
+            self.starts.push(at);
+        }
+        new
+    }
+}
+
+/// Whether `then` lies within `window` before (or after) `at`.
+fn within(at: SystemTime, then: SystemTime, window: Duration) -> bool {
+    at.duration_since(then).map_or(true, |age| age <= window)
+}
 
 fn recurrence_key(key: &Key) -> String {
     serde_json::to_string(key).unwrap_or_default()
@@ -101,17 +130,21 @@ impl HealthModel {
         self.leads = leads;
     }
 
-    /// A fatal reset or reboot fault seen in this many boots escalates to replace; so does
-    /// one seen in `repeats` separate episodes within `window` on the same component.
+    /// A fatal reset or reboot fault seen in `boots` boots within `window` escalates to
+    /// replace; a fatal reset fault in `repeats` separate episodes within `window` in one boot
+    /// escalates to reboot (a reset evidently does not fix it; only a reboot shows whether
+    /// the hardware is at fault, so repetition within a boot never condemns the node).
     pub fn set_escalation(&mut self, boots: u32, repeats: u32, window: Duration) {
         self.escalate_after_boots = usize::try_from(boots.max(1)).unwrap_or(usize::MAX);
         self.escalate_after_repeats = usize::try_from(repeats.max(2)).unwrap_or(usize::MAX);
         self.escalate_window = window;
     }
 
-    /// Record this boot for a fatal fault fixed by a reset or reboot; past the limit, a
-    /// reboot evidently does not fix it, so the action becomes replace.
-    fn track_recurrence(&mut self, key: Key) {
+    /// Count an occurrence at `at` of a fatal fault fixed by a reset or reboot. Seen in
+    /// `escalate_after_boots` boots within the window, a reboot evidently does not fix it:
+    /// the action becomes replace. Within one boot, repeated episodes escalate a reset to a
+    /// reboot, never further.
+    fn track_recurrence(&mut self, key: Key, at: SystemTime) {
         let Some(fault) = self.faults.get_mut(&key) else {
             return;
         };
@@ -120,40 +153,49 @@ impl HealthModel {
         {
             return;
         }
+        let window = self.escalate_window;
         let boots = self.recurrence.entry(recurrence_key(&key)).or_default();
-        if !boots.contains(&self.boot_id) {
-            boots.push(self.boot_id.clone());
+        if !boots.iter().any(|b| b.boot_id == self.boot_id) {
+            boots.push(BootSighting {
+                boot_id: self.boot_id.clone(),
+                at,
+            });
             if boots.len() > RECURRENCE_BOOTS {
                 boots.remove(0);
             }
         }
-        if boots.len() >= self.escalate_after_boots {
+        let recent = boots.iter().filter(|b| within(at, b.at, window)).count();
+        if recent >= self.escalate_after_boots {
             fault.class.action = Action::Replace;
             fault.escalated = Some(format!(
-                "recurred in {} boots: a reset or reboot does not fix it",
-                boots.len()
+                "recurred in {recent} boots within {}: a reset or reboot does not fix it",
+                humantime::format_duration(window)
             ));
             return;
         }
-        // The same fault on the same GPU in separate episodes within the window.
-        let at = fault.last_seen;
         let episodes = self.episodes.entry(key).or_default();
-        if episodes
-            .last()
-            .is_none_or(|last| at.duration_since(*last).is_ok_and(|gap| gap >= EPISODE_GAP))
+        episodes.occur(at);
+        episodes.starts.retain(|t| within(at, *t, window));
+        if fault.class.action == Action::ResetGpu
+            && episodes.starts.len() >= self.escalate_after_repeats
         {
-            episodes.push(at);
-        }
-        let window = self.escalate_window;
-        episodes.retain(|t| at.duration_since(*t).map_or(true, |age| age <= window));
-        if episodes.len() >= self.escalate_after_repeats {
-            fault.class.action = Action::Replace;
+            fault.class.action = Action::Reboot;
             fault.escalated = Some(format!(
-                "{} episodes within {}: it keeps coming back on this GPU",
-                episodes.len(),
+                "{} episodes within {} in this boot: a GPU reset does not fix it",
+                episodes.starts.len(),
                 humantime::format_duration(window)
             ));
         }
+    }
+
+    /// Whether an escalated replace has its evidence: the fault was seen in enough boots
+    /// (when it escalated they lay within the window; a storm in one boot never qualifies).
+    fn replace_is_evidenced(&self, fault: &Fault) -> bool {
+        let key = (fault.component, fault.code);
+        self.recurrence
+            .get(&recurrence_key(&key))
+            .map_or(0, Vec::len)
+            >= self.escalate_after_boots
     }
 
     /// Remove faults an operator declares repaired: those `selector` matches (reason, code
@@ -172,7 +214,14 @@ impl HealthModel {
                 cleared.push(fault.label());
             }
             self.logged.remove(&key);
+            self.episodes.remove(&key);
             self.recurrence.remove(&recurrence_key(&key));
+        }
+        if selector.is_none() {
+            // The whole node declared repaired: faults a reboot already dropped lose their
+            // history too.
+            self.recurrence.clear();
+            self.episodes.clear();
         }
         cleared
     }
@@ -201,7 +250,9 @@ impl HealthModel {
 
     /// Take over a persisted state. Same boot: everything, including the kernel-log cursor.
     /// New boot: the cursor restarts; faults whose action is `replace` stay (a reboot does not
-    /// fix hardware that needs replacing), the others were for the previous boot and go.
+    /// fix hardware that needs replacing), the others were for the previous boot and go. A
+    /// replace that was escalated stays only while its recurrence across boots still holds
+    /// (a state written before that rule may carry a replace a storm escalated).
     pub fn restore(&mut self, state: PersistedState) {
         let same_boot = state.boot_id == self.boot_id;
         if same_boot {
@@ -209,8 +260,13 @@ impl HealthModel {
         }
         self.recurrence = state.recurrence;
         for fault in state.faults {
-            if same_boot || fault.class.action == Action::Replace {
+            let keep = same_boot
+                || (fault.class.action == Action::Replace
+                    && (fault.escalated.is_none() || self.replace_is_evidenced(&fault)));
+            if keep {
                 self.faults.insert((fault.component, fault.code), fault);
+            } else if !same_boot && fault.class.action == Action::Replace {
+                tracing::warn!(fault = %fault.label(), escalated = ?fault.escalated, "A replace escalated without recurrence across boots is dropped at the new boot.");
             }
         }
         if !same_boot {
@@ -322,8 +378,13 @@ impl HealthModel {
                 Some(fault) if fault.source == source => {
                     fault.last_seen = report.at;
                     fault.detail = report.detail;
-                    if fault.class != report.class {
-                        fault.class = report.class;
+                    let mut class = report.class;
+                    if fault.escalated.is_some() {
+                        // An escalation is evidence the next poll's catalog class lacks.
+                        class.action = class.action.max(fault.class.action);
+                    }
+                    if fault.class != class {
+                        fault.class = class;
                         changed = true;
                     }
                 }
@@ -373,7 +434,7 @@ impl HealthModel {
             } else {
                 self.log_repeat(key);
             }
-            self.track_recurrence(key);
+            self.track_recurrence(key, report.at);
             return;
         }
         if self.faults.len() >= MAX_FAULTS {
@@ -392,8 +453,9 @@ impl HealthModel {
             boot_id: self.boot_id.clone(),
             escalated: None,
         };
+        let at = fault.first_seen;
         self.faults.insert(key, fault);
-        self.track_recurrence(key);
+        self.track_recurrence(key, at);
         if let Some(fault) = self.faults.get(&key) {
             log_new(fault);
         }
@@ -902,7 +964,7 @@ mod tests {
     }
 
     #[test]
-    fn the_same_fatal_fault_in_repeated_episodes_escalates_with_the_reason() {
+    fn repeated_episodes_in_one_boot_escalate_a_reset_to_a_reboot_never_to_replace() {
         let mut m = model();
         m.set_escalation(3, 5, Duration::from_secs(24 * 3600));
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
@@ -921,7 +983,7 @@ mod tests {
             m.apply_line(line, t0 + Duration::from_secs(3600 * h));
         }
         let fault = f(&m);
-        assert_eq!(fault.class.action, Action::Replace);
+        assert_eq!(fault.class.action, Action::Reboot);
         assert!(
             fault
                 .escalated
@@ -930,5 +992,199 @@ mod tests {
             "{:?}",
             fault.escalated
         );
+        // The reboot fixed it: nothing survives into the next boot.
+        let m = on_boot("boot-2", Some(m.persisted()));
+        assert!(m.snapshot(KmsgStats::default()).faults.is_empty());
+    }
+
+    /// Issue 22: four minutes of Xid 119 every few seconds counted as five episodes (the
+    /// gap was measured from the episode's start) and escalated to a replace that survived
+    /// the reboot that fixed it.
+    #[test]
+    fn a_storm_of_any_length_is_one_episode() {
+        let mut m = model();
+        m.set_escalation(3, 5, Duration::from_secs(24 * 3600));
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let line = "NVRM: Xid (PCI:0000:18:00): 119, pid=1, Timeout after 6s of waiting for RPC response from GPU0 GSP!";
+        for i in 0..48 {
+            m.apply_line(line, t0 + Duration::from_secs(5 * i));
+        }
+        let fault = m.snapshot(KmsgStats::default()).faults[0].clone();
+        assert_eq!(fault.count, 48);
+        assert_eq!(
+            (fault.class.action, fault.escalated),
+            (Action::ResetGpu, None)
+        );
+        let m = on_boot("boot-2", Some(m.persisted()));
+        assert!(
+            m.snapshot(KmsgStats::default()).faults.is_empty(),
+            "the reboot fixed it"
+        );
+    }
+
+    #[test]
+    fn boots_outside_the_window_do_not_escalate() {
+        let day = Duration::from_secs(24 * 3600);
+        let line = "NVRM: Xid (PCI:0000:18:00): 79, pid=1, GPU has fallen off the bus.";
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(10_000_000);
+        let mut state = None;
+        for (boot, days) in [("boot-1", 0), ("boot-2", 3), ("boot-3", 6)] {
+            let mut m = on_boot(boot, state.take());
+            m.set_escalation(3, 5, 4 * day);
+            m.apply_line(line, t0 + day * days);
+            let f = m.snapshot(KmsgStats::default()).faults[0].clone();
+            assert_eq!(f.class.action, Action::Reboot, "{boot}: {:?}", f.escalated);
+            state = Some(m.persisted());
+        }
+        // A fourth boot one day later: boots 2, 3 and 4 lie within four days.
+        let mut m = on_boot("boot-4", state);
+        m.set_escalation(3, 5, 4 * day);
+        m.apply_line(line, t0 + day * 7);
+        let f = m.snapshot(KmsgStats::default()).faults[0].clone();
+        assert_eq!(f.class.action, Action::Replace);
+        assert!(f
+            .escalated
+            .as_deref()
+            .is_some_and(|e| e.contains("recurred in 3 boots within 4days")));
+    }
+
+    #[test]
+    fn a_replace_escalated_without_boots_is_dropped_at_the_next_boot() {
+        // A state file written before the storm fix: replace escalated within one boot.
+        let mut m = model();
+        m.apply(xid("0000:18:00", 119, 1));
+        let mut state = m.persisted();
+        state.faults[0].class.action = Action::Replace;
+        state.faults[0].escalated = Some("5 episodes within 1day".into());
+        state.faults.push({
+            // A catalog replace (not escalated) always survives.
+            let mut m = model();
+            m.apply(xid("0000:2a:00", 54, 2));
+            m.persisted().faults[0].clone()
+        });
+        let m = on_boot("boot-2", Some(state));
+        let faults = m.snapshot(KmsgStats::default()).faults;
+        assert_eq!(faults.len(), 1);
+        assert_eq!(faults[0].code, FaultCode::Xid(54));
+    }
+
+    #[test]
+    fn clear_forgets_the_episodes_too() {
+        let mut m = model();
+        m.set_escalation(3, 2, Duration::from_secs(24 * 3600));
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let line = "NVRM: Xid (PCI:0000:18:00): 48, pid=1, DBE (double bit error)";
+        m.apply_line(line, t0);
+        m.clear(None);
+        m.apply_line(line, t0 + Duration::from_secs(3600));
+        let f = m.snapshot(KmsgStats::default()).faults[0].clone();
+        assert_eq!((f.class.action, f.escalated), (Action::ResetGpu, None));
+    }
+
+    mod random_lives {
+        //! Random observation sequences (faults, clears, restarts, reboots) through the model.
+        use super::*;
+        use proptest::prelude::*;
+        use std::collections::{BTreeSet, HashMap};
+
+        #[derive(Debug, Clone)]
+        enum Step {
+            /// An Xid on a GPU, `after` seconds after the previous step.
+            Xid {
+                gpu: usize,
+                code: u32,
+                after: u64,
+            },
+            Clear,
+            Restart,
+            Reboot,
+        }
+
+        const GPUS: [&str; 3] = ["0000:18:00", "0000:2a:00", "0000:3a:00"];
+        // Reboot (79), reset (48, 119, 95), application (13) and catalog replace (54).
+        const CODES: [u32; 6] = [79, 48, 119, 95, 13, 54];
+
+        fn step() -> impl Strategy<Value = Step> {
+            prop_oneof![
+                8 => (0..GPUS.len(), 0..CODES.len(), prop_oneof![0..5u64, 0..200u64, 0..200_000u64])
+                    .prop_map(|(gpu, code, after)| Step::Xid { gpu, code: CODES[code], after }),
+                1 => Just(Step::Clear),
+                2 => Just(Step::Restart),
+                2 => Just(Step::Reboot),
+            ]
+        }
+
+        fn fatal_set(m: &HealthModel) -> BTreeSet<(String, Action)> {
+            m.snapshot(KmsgStats::default())
+                .faults
+                .iter()
+                .filter(|f| f.class.severity == Severity::Fatal)
+                .map(|f| (f.label(), f.class.action))
+                .collect()
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+            #[test]
+            fn no_replace_without_recurrence_across_boots_and_no_fatal_lost_on_restart(
+                steps in prop::collection::vec(step(), 1..120),
+            ) {
+                let boots_needed = 3;
+                let mut boot = 0u32;
+                let mut m = on_boot("boot-0", None);
+                m.set_escalation(3, 5, Duration::from_secs(24 * 3600));
+                let mut now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+                // The boots each fault was seen in since the last clear.
+                let mut seen: HashMap<(usize, u32), BTreeSet<u32>> = HashMap::new();
+                for step in steps {
+                    match step {
+                        Step::Xid { gpu, code, after } => {
+                            now += Duration::from_secs(after);
+                            seen.entry((gpu, code)).or_default().insert(boot);
+                            m.apply_line(
+                                &format!("NVRM: Xid (PCI:{}): {code}, pid=1, x", GPUS[gpu]),
+                                now,
+                            );
+                        }
+                        Step::Clear => {
+                            m.clear(None);
+                            seen.clear();
+                        }
+                        Step::Restart => {
+                            let before = fatal_set(&m);
+                            let state = m.persisted();
+                            m = on_boot(&format!("boot-{boot}"), Some(state));
+                            m.set_escalation(3, 5, Duration::from_secs(24 * 3600));
+                            prop_assert_eq!(fatal_set(&m), before, "a restart lost or changed a fatal fault");
+                        }
+                        Step::Reboot => {
+                            let replace: BTreeSet<_> = fatal_set(&m)
+                                .into_iter()
+                                .filter(|(_, a)| *a == Action::Replace)
+                                .collect();
+                            boot += 1;
+                            now += Duration::from_secs(120);
+                            let state = m.persisted();
+                            m = on_boot(&format!("boot-{boot}"), Some(state));
+                            m.set_escalation(3, 5, Duration::from_secs(24 * 3600));
+                            let after = fatal_set(&m);
+                            prop_assert!(replace.is_subset(&after), "a replace was lost at a reboot");
+                        }
+                    }
+                    for f in m.snapshot(KmsgStats::default()).faults {
+                        if f.class.action == Action::Replace && f.escalated.is_some() {
+                            let gpu = GPUS.iter().position(|g| f.component == Component::Gpu { pci: pci(g) });
+                            let code = match f.code { FaultCode::Xid(c) => c, _ => 0 };
+                            let boots = gpu.and_then(|g| seen.get(&(g, code))).map_or(0, BTreeSet::len);
+                            prop_assert!(
+                                boots >= boots_needed,
+                                "{} escalated to replace after {} boot(s): {:?}",
+                                f.label(), boots, f.escalated
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 }

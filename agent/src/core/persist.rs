@@ -24,7 +24,41 @@ pub struct PersistedState {
     pub faults: Vec<Fault>,
     /// Boots in which each fatal reset/reboot fault was seen (for escalation to replace).
     #[serde(default)]
-    pub recurrence: std::collections::BTreeMap<String, Vec<String>>,
+    pub recurrence: std::collections::BTreeMap<String, Vec<BootSighting>>,
+}
+
+/// A boot in which a fault was seen, and when it was first seen in that boot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "SightingOnDisk")]
+pub struct BootSighting {
+    /// The boot id.
+    pub boot_id: String,
+    /// When the fault was first seen in that boot.
+    pub at: std::time::SystemTime,
+}
+
+/// Earlier versions kept only the boot id: such a sighting has no time and counts as old
+/// (outside every escalation window), so it can never condemn a node on its own.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SightingOnDisk {
+    Timed {
+        boot_id: String,
+        at: std::time::SystemTime,
+    },
+    BootOnly(String),
+}
+
+impl From<SightingOnDisk> for BootSighting {
+    fn from(on_disk: SightingOnDisk) -> Self {
+        match on_disk {
+            SightingOnDisk::Timed { boot_id, at } => Self { boot_id, at },
+            SightingOnDisk::BootOnly(boot_id) => Self {
+                boot_id,
+                at: std::time::SystemTime::UNIX_EPOCH,
+            },
+        }
+    }
 }
 
 impl PersistedState {
@@ -137,5 +171,19 @@ mod tests {
         std::fs::write(store.path(), b"{ half a file").expect("corrupt it");
         assert_eq!(store.load().expect("backup").kmsg_cursor, Some(41));
         assert!(store.path().with_extension("corrupt").exists());
+    }
+
+    #[test]
+    fn an_old_boot_only_sighting_loads_as_old() {
+        let old = r#"{"version":1,"boot_id":"b","kmsg_cursor":null,"faults":[],
+            "recurrence":{"k":["boot-1",{"boot_id":"boot-2","at":{"secs_since_epoch":5,"nanos_since_epoch":0}}]}}"#;
+        let state: PersistedState = serde_json::from_str(old).expect("old format loads");
+        let seen = &state.recurrence["k"];
+        assert_eq!(seen[0].boot_id, "boot-1");
+        assert_eq!(seen[0].at, std::time::SystemTime::UNIX_EPOCH);
+        assert_eq!(
+            seen[1].at,
+            std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(5)
+        );
     }
 }
