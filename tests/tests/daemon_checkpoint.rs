@@ -368,8 +368,8 @@ fn only_the_topmost_process_of_a_forked_trainer_is_signalled() {
     assert_eq!(code, 0);
     assert!(
         out.lines()
-            .any(|l| l.contains(&format!("child of target {}", trainer.child.id()))),
-        "the forked worker is explained as a child of its target: {out}"
+            .any(|l| l.contains(&format!("forked copy of target {}", trainer.child.id()))),
+        "the forked worker is explained as a forked copy of its target: {out}"
     );
     let agent = Agent::start(&config, &host.socket());
     imds.set_spot(Some(

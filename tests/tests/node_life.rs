@@ -27,20 +27,25 @@ const HARDWARE: &str = "AcceleratedHardwareReady";
 const INTERRUPTION: &str = "InterruptionPending";
 const SPOT: &str = r#"{"action": "terminate", "time": "2099-01-01T00:00:00Z"}"#;
 
-/// A process whose command line is a kubelet's (`/usr/bin/kubelet ... --hostname-override`).
-struct FakeKubelet(Child);
+/// A process named `kubelet` (its `comm`, from the executable's file name) whose command
+/// line is a kubelet's (`/usr/bin/kubelet ... --hostname-override`).
+struct FakeKubelet(Child, tempfile::TempDir);
 
 impl FakeKubelet {
     fn start(node: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let exe = dir.path().join("kubelet");
+        std::fs::copy("/usr/bin/perl", &exe).expect("perl");
         let child = Command::new("bash")
             .arg("-c")
             .arg(format!(
-                "exec -a /usr/bin/kubelet perl -e 'sleep 120' -- \
-                 --config /etc/kubernetes/kubelet/config.json --hostname-override={node}"
+                "exec -a /usr/bin/kubelet {} -e 'sleep 120' -- \
+                 --config /etc/kubernetes/kubelet/config.json --hostname-override={node}",
+                exe.display()
             ))
             .spawn()
             .expect("bash and perl");
-        Self(child)
+        Self(child, dir)
     }
 }
 

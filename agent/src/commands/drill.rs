@@ -45,6 +45,10 @@ pub fn checkpoint(loaded: &Loaded, dry_run: bool) -> anyhow::Result<u8> {
         source: SourceKind::Logind,
     };
     let (signalled, skipped) = checkpoint::signal_targets(&selection, &notice, &[], None);
-    println!("\ndrill: {} signalled, {skipped} skipped", signalled.len());
+    println!(
+        "\ndrill: {} signalled, {} skipped",
+        signalled.len(),
+        skipped.len()
+    );
     Ok(0)
 }

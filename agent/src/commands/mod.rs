@@ -96,6 +96,8 @@ impl HostFacts {
                 .unwrap_or_else(|_| glob::Pattern::new("/dev/nvidia[0-9]*").unwrap_or_default()),
             exclude: config.checkpoint.exclude.clone(),
             opt_in_env: config.checkpoint.opt_in_env,
+            read_deadline: crate::host::proc_read::DEFAULT_DEADLINE,
+            declared: checkpoint::ByPod::new(),
         }
     }
 

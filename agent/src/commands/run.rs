@@ -197,6 +197,7 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
             },
             hold: checkpoint_hold(&config),
             notice_file: Some(c.notice_file.clone()).filter(|p| !p.as_os_str().is_empty()),
+            ack_dir: Some(c.ack_dir.clone()).filter(|p| !p.as_os_str().is_empty()),
         };
         let metrics = checkpoint::CheckpointMetrics::register(&mut registry);
         tokio::spawn(checkpoint::run(

@@ -132,6 +132,10 @@ pub struct CheckpointConfig {
     /// The current ending as JSON, for trainers that poll instead of taking a signal
     /// (world-readable, replaced atomically, absent when nothing is pending); empty: off.
     pub notice_file: PathBuf,
+    /// Where a signalled process confirms its checkpoint: it writes `done` (or the
+    /// checkpoint's path) to `<ack_dir>/<its pid>`, as it sees both (read through its own
+    /// root and PID namespace); empty: only an exit confirms.
+    pub ack_dir: PathBuf,
 }
 
 /// `[checkpoint.lead]`.
@@ -173,6 +177,7 @@ impl Default for CheckpointConfig {
             incident_window: HumanDuration(std::time::Duration::from_secs(600)),
             hold: HumanDuration(std::time::Duration::from_secs(50)),
             notice_file: PathBuf::from("/run/gpu-agent/notice.json"),
+            ack_dir: PathBuf::from("/run/gpu-agent/ack"),
         }
     }
 }

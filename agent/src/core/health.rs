@@ -47,6 +47,7 @@ pub struct HealthModel {
     /// Episodes of each fatal fault in this boot.
     episodes: HashMap<Key, Episodes>,
     leads: HashMap<crate::model::NoticeKind, Duration>,
+    declared_lead: Option<crate::model::DeclaredLead>,
 }
 
 /// Boots remembered per fault for recurrence.
@@ -122,6 +123,7 @@ impl HealthModel {
             escalate_window: Duration::from_secs(24 * 3600),
             episodes: HashMap::new(),
             leads: HashMap::new(),
+            declared_lead: None,
         }
     }
 
@@ -325,6 +327,11 @@ impl HealthModel {
                 self.checkpoints.insert(report.notice_id.clone(), report);
                 changed
             }
+            Observation::DeclaredLead(lead) => {
+                let changed = self.declared_lead != lead;
+                self.declared_lead = lead;
+                changed
+            }
             Observation::NodeName(name) => {
                 let changed = self.node_name != name;
                 if changed {
@@ -515,12 +522,16 @@ impl HealthModel {
             .filter(|n| n.kind.ends_instance())
             .min_by_key(|n| n.deadline)?;
         let report = self.checkpoints.get(&n.id);
+        let configured = self.leads.get(&n.kind).copied().unwrap_or_default();
+        let (lead, lead_from) =
+            crate::model::notice::effective_lead(configured, self.declared_lead.as_ref());
         Some(crate::model::PendingEnd {
             kind: n.kind.name().to_string(),
             deadline: n.deadline,
             detail: n.detail.clone(),
             signalled: report.map_or(0, |c| c.signalled),
-            act_at: n.act_at(self.leads.get(&n.kind).copied().unwrap_or_default()),
+            act_at: n.act_at(lead),
+            lead_from: n.act_at(lead).and(lead_from),
             covered_by: report.and_then(|c| c.covered_by.clone()),
             waiting_for: report.map(|c| c.waiting_for.clone()).unwrap_or_default(),
         })

@@ -4,6 +4,7 @@ mod boot;
 mod dmi;
 pub mod node_name;
 mod pci;
+pub mod proc_read;
 
 pub use boot::{boot_id, boot_time, driver_branch};
 pub use dmi::instance_type;

@@ -55,15 +55,34 @@ fn override_in<'a>(mut args: impl Iterator<Item = &'a str>) -> Option<String> {
     None
 }
 
-/// The running kubelet's `--hostname-override`, from its command line in procfs.
+/// The running kubelet's `--hostname-override`, from its command line in procfs. Only a
+/// process whose `comm` is `kubelet` has its command line read, each read bounded: a process
+/// stuck in the kernel (whose `cmdline` read would block) never stalls the resolution.
 fn kubelet_hostname_override(procfs_root: &Path) -> Option<String> {
+    let mut reader = super::proc_read::ProcReader::new(super::proc_read::DEFAULT_DEADLINE);
     for entry in std::fs::read_dir(procfs_root).ok()?.flatten() {
         let name = entry.file_name();
         if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
             continue;
         }
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+        let comm = match reader.read_text(&entry.path().join("comm")) {
+            Ok(Some(comm)) => comm,
+            Ok(None) => continue,
+            Err(stuck) => {
+                tracing::debug!(error = %stuck, "Skipped while looking for the kubelet.");
+                continue;
+            }
+        };
+        if comm.trim_end() != "kubelet" {
             continue;
+        }
+        let cmdline = match reader.read(&entry.path().join("cmdline")) {
+            Ok(Some(cmdline)) => cmdline,
+            Ok(None) => continue,
+            Err(stuck) => {
+                tracing::warn!(error = %stuck, "The kubelet's command line does not answer.");
+                continue;
+            }
         };
         let args: Vec<String> = cmdline
             .split(|b| *b == 0)
@@ -100,10 +119,20 @@ mod tests {
         std::fs::write(dir.path().join("sys/kernel/hostname"), hostname).expect("hostname");
         std::fs::create_dir_all(dir.path().join("1")).expect("pid 1");
         std::fs::write(dir.path().join("1/cmdline"), "/sbin/init\0").expect("cmdline");
+        std::fs::write(dir.path().join("1/comm"), "systemd\n").expect("comm");
         if let Some(args) = kubelet {
             std::fs::create_dir_all(dir.path().join("4242")).expect("kubelet pid");
             std::fs::write(dir.path().join("4242/cmdline"), args.join("\0")).expect("cmdline");
+            std::fs::write(dir.path().join("4242/comm"), "kubelet\n").expect("comm");
         }
+        // A process stuck in the kernel: a read of its command line never returns.
+        std::fs::create_dir_all(dir.path().join("77")).expect("stuck pid");
+        std::fs::write(dir.path().join("77/comm"), "python3\n").expect("comm");
+        let made = std::process::Command::new("mkfifo")
+            .arg(dir.path().join("77/cmdline"))
+            .status()
+            .expect("mkfifo");
+        assert!(made.success());
         dir
     }
 

@@ -6,7 +6,7 @@
 mod fault;
 mod holder;
 mod node_name;
-mod notice;
+pub mod notice;
 mod pci;
 mod reason;
 pub mod signal;
@@ -20,7 +20,7 @@ pub use holder::{
     resolve as resolve_device, Assignment, Assignments, DraClaim, GpuHolder, HolderView,
 };
 pub use node_name::{NameSource, NodeName};
-pub use notice::{CheckpointReport, Notice, NoticeKind};
+pub use notice::{CheckpointReport, DeclaredLead, Notice, NoticeKind};
 pub use pci::{PciAddress, PciAddressError};
 pub use reason::reason;
 pub use snapshot::{
@@ -52,6 +52,9 @@ pub enum Observation {
     },
     /// The checkpoint sink signalled (or skipped) processes for a notice.
     Checkpoint(CheckpointReport),
+    /// The longest checkpoint lead the pods holding this node's GPUs declare (`None`: none
+    /// does), as the checkpoint sink last read it.
+    DeclaredLead(Option<DeclaredLead>),
     /// A sink changed state (connected, off, failing); shown by `status`.
     Sink(SinkStatus),
     /// The Kubernetes sink resolved this node's name (shown by `status`).

@@ -115,4 +115,67 @@ pub struct CheckpointReport {
     /// Every signalled process has exited, or the hold has passed: a shutdown may go on.
     #[serde(default)]
     pub settled: bool,
+    /// When the signals went out (for a covered notice: the covering notice's signal).
+    #[serde(with = "super::time::option", default)]
+    pub signalled_at: Option<SystemTime>,
+    /// Distinct pods the signalled processes run in.
+    #[serde(default)]
+    pub pods: u32,
+    /// Signalled processes that confirmed: wrote their ack file, or exited.
+    #[serde(default)]
+    pub confirmed: u32,
+    /// Milliseconds from the signal to the last confirmation, once every signalled process
+    /// confirmed.
+    #[serde(default)]
+    pub confirmed_in_ms: Option<u64>,
+    /// Signalled processes (PIDs) that had not confirmed when the watch ended (the deadline,
+    /// or the hold for a shutdown).
+    #[serde(default)]
+    pub unconfirmed: Vec<i32>,
+    /// Why each process holding a GPU was not signalled (`pid name: why`).
+    #[serde(default)]
+    pub not_signalled: Vec<String>,
+}
+
+/// The longest checkpoint lead a pod holding this node's GPUs declares
+/// (`gpu-agent.io/checkpoint-lead`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeclaredLead {
+    /// The lead.
+    #[serde(with = "duration_secs")]
+    pub lead: std::time::Duration,
+    /// `namespace/name` of the pod that declares it.
+    pub pod: String,
+}
+
+/// The lead a notice is acted on with: the configured one, or a longer one a pod declares
+/// (then also who declares it, for `status` and the condition message).
+pub fn effective_lead(
+    configured: std::time::Duration,
+    declared: Option<&DeclaredLead>,
+) -> (std::time::Duration, Option<String>) {
+    match declared {
+        Some(d) if d.lead > configured => (
+            d.lead,
+            Some(format!(
+                "pod {} declares a {} checkpoint",
+                d.pod,
+                humantime::format_duration(d.lead)
+            )),
+        ),
+        _ => (configured, None),
+    }
+}
+
+/// A duration as whole seconds.
+mod duration_secs {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &std::time::Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_secs())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<std::time::Duration, D::Error> {
+        u64::deserialize(d).map(std::time::Duration::from_secs)
+    }
 }

@@ -167,6 +167,10 @@ pub struct PendingEnd {
     /// lead); `None`: at once (a Spot notice, a shutdown).
     #[serde(with = "super::time::option", default)]
     pub act_at: Option<SystemTime>,
+    /// Why the lead is longer than configured: the pod that declares its checkpoint takes
+    /// longer (`gpu-agent.io/checkpoint-lead`).
+    #[serde(default)]
+    pub lead_from: Option<String>,
     /// The notice already signalled for this ending, if this one was covered by it.
     #[serde(default)]
     pub covered_by: Option<String>,

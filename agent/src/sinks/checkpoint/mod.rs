@@ -14,7 +14,15 @@
 //! - The signalled processes are then watched until they exit or `hold` passes: a host
 //!   shutdown holds its logind lock until then, and `status` says what it waits for.
 //! - The current ending is also written to `notice_file` for trainers that poll.
+//! - What the workload declares (pod annotations, [`declared`]) is read from the API server
+//!   when a notice arrives, refreshed while it waits and just before acting, each read
+//!   time-limited (a hung API server falls back to what was read last, or the defaults).
+//! - A signalled process confirms by writing its ack file (`<ack_dir>/<its pid>`, in its own
+//!   mount namespace) or by exiting; the sink reports per notice how many confirmed and in
+//!   how long, and names those unconfirmed at the deadline (journal, metric, pod Events).
 
+mod ack;
+mod declared;
 mod notice_file;
 mod record;
 mod send;
@@ -34,6 +42,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, watch};
 
 pub use crate::model::signal::{name as signal_name, parse as parse_signal};
+pub use declared::{ByPod, Declared};
 pub use record::{Record, Sent, Windows};
 pub use send::{send, SendError};
 pub use targets::{scan, Candidate, Selection, OPT_IN_VAR};
@@ -66,6 +75,8 @@ pub struct Settings {
     pub hold: Duration,
     /// `[checkpoint] notice_file`; `None`: off.
     pub notice_file: Option<PathBuf>,
+    /// `[checkpoint] ack_dir`: where signalled processes confirm; `None`: only exits confirm.
+    pub ack_dir: Option<PathBuf>,
 }
 
 /// Labels of the per-kind counters.
@@ -89,6 +100,9 @@ pub struct CheckpointMetrics {
     signalled: Family<KindLabels, Counter>,
     skipped: Family<SkipLabels, Counter>,
     latency: Histogram,
+    confirmed: Family<KindLabels, Counter>,
+    unconfirmed: Family<KindLabels, Counter>,
+    confirm_time: Histogram,
 }
 
 impl CheckpointMetrics {
@@ -99,6 +113,9 @@ impl CheckpointMetrics {
             signalled: Family::default(),
             skipped: Family::default(),
             latency: Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0]),
+            confirmed: Family::default(),
+            unconfirmed: Family::default(),
+            confirm_time: Histogram::new([1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0]),
         };
         registry.register(
             "gpu_agent_notices",
@@ -119,6 +136,21 @@ impl CheckpointMetrics {
             "gpu_agent_checkpoint_signal_latency_seconds",
             "From the notice (or its lead time) to the signals sent.",
             m.latency.clone(),
+        );
+        registry.register(
+            "gpu_agent_checkpoint_confirmed",
+            "Signalled processes that confirmed their checkpoint (ack file or exit), by notice kind.",
+            m.confirmed.clone(),
+        );
+        registry.register(
+            "gpu_agent_checkpoint_unconfirmed",
+            "Signalled processes that had not confirmed at the deadline, by notice kind.",
+            m.unconfirmed.clone(),
+        );
+        registry.register(
+            "gpu_agent_checkpoint_confirm_seconds",
+            "From the signal to the last confirmation of a notice's processes.",
+            m.confirm_time.clone(),
         );
         m
     }
@@ -146,25 +178,27 @@ fn fault_notices(snapshot: &HealthSnapshot) -> Vec<Notice> {
 
 /// Signal every target for `notice` but those in `already` (`(pid, start time)`, signalled
 /// for the notice that covers this one) (blocking: procfs scan and syscalls). Returns the
-/// processes signalled and the number skipped.
+/// processes signalled, and why each other candidate was not (`pid N (name): why`).
 pub fn signal_targets(
     selection: &Selection,
     notice: &Notice,
     already: &[(i32, u64)],
     metrics: Option<&CheckpointMetrics>,
-) -> (Vec<Candidate>, u32) {
-    let (mut signalled, mut skipped) = (Vec::new(), 0);
+) -> (Vec<Candidate>, Vec<String>) {
+    let (mut signalled, mut skipped) = (Vec::new(), Vec::new());
     for c in scan(selection) {
         if already.contains(&(c.pid, c.start_time)) {
             tracing::info!(pid = c.pid, name = %c.name, trigger = %notice.kind, "Already signalled for this ending; not signalled again.");
             continue;
         }
         let Some(signal) = c.signal.as_deref().and_then(parse_signal) else {
-            skipped += 1;
+            skipped.push(format!("pid {} ({}): {}", c.pid, c.name, c.why));
             let reason = if c.why.contains("does not handle") {
                 "no-handler"
             } else if c.why.contains("excluded") {
                 "excluded"
+            } else if c.why.contains("stuck in the kernel") {
+                "stuck"
             } else {
                 "other"
             };
@@ -199,7 +233,7 @@ pub fn signal_targets(
                 signalled.push(c);
             }
             Err(e) => {
-                skipped += 1;
+                skipped.push(format!("pid {} ({}): not signalled: {e}", c.pid, c.name));
                 if let Some(m) = metrics {
                     m.skipped
                         .get_or_create(&SkipLabels {
@@ -214,6 +248,111 @@ pub fn signal_targets(
     (signalled, skipped)
 }
 
+/// How long a read of the pods' declarations may take before the last one read (or the
+/// defaults) is used: a hung API server never holds a signal long.
+#[cfg(feature = "clients")]
+const DECLARATIONS_LIMIT: Duration = Duration::from_secs(2);
+/// While a notice waits for its time, the declarations are read again this often (pods
+/// come and go).
+const DECLARATIONS_WHILE_WAITING: Duration = Duration::from_secs(60);
+/// Declarations older than this are read again right before acting.
+const DECLARATIONS_FOR_ACTING: Duration = Duration::from_secs(5);
+
+/// What the pods on this node declare, as last read.
+#[derive(Debug, Default)]
+struct Declarations {
+    by_pod: ByPod,
+    /// The longest lead among the pods holding GPUs.
+    lead: Option<crate::model::DeclaredLead>,
+    read_at: Option<Instant>,
+}
+
+impl Declarations {
+    /// Read them again if older than `max_age` (bounded; on failure the last read stays),
+    /// and tell the core the declared lead when it changed.
+    async fn refresh(
+        &mut self,
+        settings: &Settings,
+        max_age: Duration,
+        reports: &mpsc::Sender<Observation>,
+    ) {
+        if self.read_at.is_some_and(|at| at.elapsed() < max_age) {
+            return;
+        }
+        #[cfg(feature = "clients")]
+        if let Some(link) = &settings.kubernetes {
+            let read = tokio::time::timeout(
+                DECLARATIONS_LIMIT,
+                read_declarations(link, settings.pod_resources.as_ref()),
+            )
+            .await;
+            match read {
+                Ok(Ok((by_pod, lead))) => {
+                    for d in by_pod.values() {
+                        for problem in &d.problems {
+                            tracing::warn!(pod = %d.pod, %problem, "Pod annotation ignored; the default applies.");
+                        }
+                    }
+                    self.by_pod = by_pod;
+                    if lead != self.lead {
+                        let _ = reports.send(Observation::DeclaredLead(lead.clone())).await;
+                        self.lead = lead;
+                    }
+                }
+                Ok(Err(e)) => {
+                    tracing::info!(error = %e, "Cannot read the pods' checkpoint declarations; using the last read.");
+                }
+                Err(_) => tracing::warn!(
+                    limit = ?DECLARATIONS_LIMIT,
+                    "The API server did not answer for the pods' checkpoint declarations in time; using the last read."
+                ),
+            }
+        }
+        #[cfg(not(feature = "clients"))]
+        let _ = (settings, reports);
+        self.read_at = Some(Instant::now());
+    }
+}
+
+/// The declarations of the pods on this node, and the longest lead among those holding a
+/// GPU (every pod's, when the kubelet cannot say which hold one).
+#[cfg(feature = "clients")]
+async fn read_declarations(
+    link: &super::kubernetes::Link,
+    lookup: Option<&super::pod_resources::Lookup>,
+) -> Result<(ByPod, Option<crate::model::DeclaredLead>), String> {
+    let api = link.api().await.map_err(|e| e.to_string())?;
+    let pods = api.pods_on_node().await.map_err(|e| e.to_string())?;
+    let holders: Option<Vec<(String, String)>> = match lookup {
+        Some(lookup) => lookup.assignments().await.ok().map(|a| {
+            a.devices
+                .iter()
+                .map(|d| (d.namespace.clone(), d.pod.clone()))
+                .chain(a.dra.iter().map(|d| (d.namespace.clone(), d.pod.clone())))
+                .collect()
+        }),
+        None => None,
+    };
+    let mut by_pod = ByPod::new();
+    let mut gpu_pods = ByPod::new();
+    for pod in pods {
+        let name = format!("{}/{}", pod.namespace, pod.name);
+        if let Some(d) = Declared::from_annotations(&name, &pod.annotations) {
+            let holds = holders.as_ref().is_none_or(|h| {
+                h.iter()
+                    .any(|(ns, p)| *ns == pod.namespace && *p == pod.name)
+            });
+            if holds {
+                gpu_pods.insert(pod.uid.clone(), d.clone());
+            }
+            by_pod.insert(pod.uid, d);
+        }
+    }
+    let lead = declared::longest_lead(&gpu_pods)
+        .map(|(lead, pod)| crate::model::DeclaredLead { lead, pod });
+    Ok((by_pod, lead))
+}
+
 /// Run until shutdown.
 pub async fn run(
     settings: Settings,
@@ -225,32 +364,43 @@ pub async fn run(
     let mut record = Record::load(&settings.state_file);
     let mut first_seen: HashMap<String, Instant> = HashMap::new();
     let mut written: Option<String> = None;
+    let mut declarations = Declarations::default();
+    if let Some(dir) = &settings.ack_dir {
+        let dir = dir.clone();
+        let _ = tokio::task::spawn_blocking(move || ack::prepare(&dir)).await;
+    }
     loop {
         let snapshot = Arc::clone(&snapshots.borrow_and_update());
         let mut notices: Vec<Notice> = snapshot.notices.clone();
         if settings.triggers.contains(&NoticeKind::FatalFault) {
             notices.extend(fault_notices(&snapshot));
         }
-        let now = SystemTime::now();
+        notices.retain(|n| settings.triggers.contains(&n.kind) && !record.done(&n.id));
+        if !notices.is_empty() {
+            declarations
+                .refresh(&settings, DECLARATIONS_WHILE_WAITING, &reports)
+                .await;
+        }
         let mut next: Option<Duration> = None;
-        for notice in notices
-            .iter()
-            .filter(|n| settings.triggers.contains(&n.kind))
-        {
-            if record.done(&notice.id) {
-                continue;
-            }
+        for notice in &notices {
+            let now = SystemTime::now();
             let seen = *first_seen
                 .entry(notice.id.clone())
                 .or_insert_with(Instant::now);
-            let lead = settings.lead.get(&notice.kind).copied().unwrap_or_default();
+            let configured = settings.lead.get(&notice.kind).copied().unwrap_or_default();
+            let (lead, _) =
+                crate::model::notice::effective_lead(configured, declarations.lead.as_ref());
             let act_at = notice.act_at(lead);
             if let Some(wait) = act_at.and_then(|at| at.duration_since(now).ok()) {
                 if !wait.is_zero() {
+                    let wait = wait.min(DECLARATIONS_WHILE_WAITING);
                     next = Some(next.map_or(wait, |n| n.min(wait)));
                     continue;
                 }
             }
+            declarations
+                .refresh(&settings, DECLARATIONS_FOR_ACTING, &reports)
+                .await;
             act(
                 &settings,
                 &metrics,
@@ -258,13 +408,13 @@ pub async fn run(
                 &mut record,
                 notice,
                 &snapshot,
-                now,
+                &declarations.by_pod,
             )
             .await;
             // Latency from when it was due: at once, or at deadline - lead.
             let due_since = act_at.map_or_else(
                 || seen.elapsed(),
-                |at| now.duration_since(at).unwrap_or_default(),
+                |at| SystemTime::now().duration_since(at).unwrap_or_default(),
             );
             metrics.latency.observe(due_since.as_secs_f64());
         }
@@ -281,7 +431,7 @@ pub async fn run(
 }
 
 /// Act on one due notice: signal (or find it covered), save, report, then watch the
-/// signalled processes finish and tell Kubernetes, both in the background.
+/// signalled processes confirm and tell Kubernetes, both in the background.
 async fn act(
     settings: &Settings,
     metrics: &CheckpointMetrics,
@@ -289,8 +439,9 @@ async fn act(
     record: &mut Record,
     notice: &Notice,
     snapshot: &HealthSnapshot,
-    now: SystemTime,
+    declared: &ByPod,
 ) {
+    let now = SystemTime::now();
     metrics
         .notices
         .get_or_create(&KindLabels {
@@ -302,24 +453,28 @@ async fn act(
         .as_ref()
         .map(|c| c.targets.clone())
         .unwrap_or_default();
-    let (selection, n, m, skip) = (
-        settings.selection.clone(),
-        notice.clone(),
-        metrics.clone(),
-        already.clone(),
-    );
-    let (targets, skipped) =
+    let mut selection = settings.selection.clone();
+    selection.declared = declared.clone();
+    let (n, m, skip) = (notice.clone(), metrics.clone(), already.clone());
+    let (targets, not_signalled) =
         tokio::task::spawn_blocking(move || signal_targets(&selection, &n, &skip, Some(&m)))
             .await
             .unwrap_or_default();
     let signalled = u32::try_from(targets.len()).unwrap_or(u32::MAX);
+    let skipped = u32::try_from(not_signalled.len()).unwrap_or(u32::MAX);
     let new: Vec<(i32, u64)> = targets.iter().map(|c| (c.pid, c.start_time)).collect();
+    let mut pods: Vec<&str> = targets
+        .iter()
+        .filter_map(|c| c.pod_uid.as_deref())
+        .collect();
+    pods.sort_unstable();
+    pods.dedup();
     match &covering {
         Some(c) => {
             tracing::warn!(kind = %notice.kind, id = %notice.id, covered_by = %c.id, newly_signalled = signalled, "Notice covered by one already signalled: one ending, one signal.")
         }
         None => {
-            tracing::warn!(kind = %notice.kind, id = %notice.id, signalled, skipped, "Checkpoint signal sent for notice.")
+            tracing::warn!(kind = %notice.kind, id = %notice.id, signalled, pods = pods.len(), skipped, "Checkpoint signal sent for notice.")
         }
     }
     // Remember it right after signalling (fsync on the blocking pool, not the runtime
@@ -341,18 +496,72 @@ async fn act(
         covered_by: covering.map(|c| c.id),
         waiting_for: Vec::new(),
         settled: false,
+        signalled_at: Some(sent.at),
+        pods: u32::try_from(pods.len()).unwrap_or(u32::MAX),
+        confirmed: 0,
+        confirmed_in_ms: None,
+        unconfirmed: Vec::new(),
+        not_signalled,
     };
-    // Watch every process signalled for this ending finish, counting the hold from the
-    // first signal.
+    // Watch the processes signalled now confirm (their ack or their exit): a shutdown is
+    // held until they exit or the hold passes (counted from the first signal of this
+    // ending); confirmations are awaited until the deadline.
     let elapsed = now.duration_since(sent.at).unwrap_or_default();
-    let until = Instant::now() + settings.hold.saturating_sub(elapsed);
-    tokio::spawn(settle::watch(
+    let hold_until = Instant::now() + settings.hold.saturating_sub(elapsed);
+    let to_deadline = notice.deadline.duration_since(now).unwrap_or_default();
+    let watched: Vec<settle::Watched> = targets
+        .iter()
+        .map(|c| settle::Watched {
+            pid: c.pid,
+            start_time: c.start_time,
+            ack: settings
+                .ack_dir
+                .as_ref()
+                .map(|dir| ack::path(&settings.selection.procfs, c.pid, dir, c.ns_pid)),
+        })
+        .collect();
+    let watch = settle::watch(
         report,
-        sent.targets,
-        until,
+        watched,
+        settle::Until {
+            hold: hold_until,
+            confirm: (Instant::now() + to_deadline).max(hold_until),
+        },
         settings.selection.procfs.clone(),
         reports.clone(),
-    ));
+    );
+    let kind = notice.kind.name().to_string();
+    let metrics = metrics.clone();
+    #[cfg(feature = "clients")]
+    let tell = settings
+        .kubernetes
+        .clone()
+        .map(|link| (link, notice.clone(), targets.clone()));
+    tokio::spawn(async move {
+        let last = watch.await;
+        let labels = KindLabels { kind };
+        metrics
+            .confirmed
+            .get_or_create(&labels)
+            .inc_by(u64::from(last.confirmed));
+        metrics
+            .unconfirmed
+            .get_or_create(&labels)
+            .inc_by(u64::try_from(last.unconfirmed.len()).unwrap_or(u64::MAX));
+        if let Some(ms) = last.confirmed_in_ms {
+            metrics
+                .confirm_time
+                .observe(Duration::from_millis(ms).as_secs_f64());
+        }
+        #[cfg(feature = "clients")]
+        if let Some((link, notice, targets)) = tell {
+            let limit = link.timeout() * KUBERNETES_CALLS;
+            let work = confirmation_events(link, notice, targets, last);
+            if tokio::time::timeout(limit, work).await.is_err() {
+                tracing::warn!(?limit, "Checkpoint confirmation Events gave up: the API server did not answer in time.");
+            }
+        }
+    });
     #[cfg(not(feature = "clients"))]
     let _ = snapshot;
     // Pod Events and cordon in the background, bounded: a hung API server never delays the
@@ -400,12 +609,120 @@ async fn update_notice_file(
         notice_file::Contents::new(
             n,
             &signal_name(settings.selection.signal),
+            settings.ack_dir.as_deref(),
             SystemTime::now(),
         )
     });
     let path = path.to_path_buf();
     let _ = tokio::task::spawn_blocking(move || notice_file::write(&path, contents.as_ref())).await;
     *written = key;
+}
+
+/// An Event on `pod`, named deterministically from `key` (a restarted agent finds it again).
+#[cfg(feature = "clients")]
+fn pod_event(
+    pod: &super::kubernetes::NodePod,
+    key: &str,
+    (reason, type_): (&str, &str),
+    message: &str,
+    node: &str,
+) -> serde_json::Value {
+    let now = crate::model::time::rfc3339(SystemTime::now());
+    let hash = crate::model::stable_hash(key);
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": { "name": format!("{}.gpu-agent.{hash:016x}", pod.name), "namespace": pod.namespace },
+        "involvedObject": { "apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace, "uid": pod.uid },
+        "reason": reason,
+        "message": message,
+        "type": type_,
+        "count": 1,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "source": { "component": "gpu-agent", "host": node },
+        "reportingComponent": "gpu-agent",
+        "reportingInstance": node,
+    })
+}
+
+/// One Event per pod whose processes were signalled, when the watch ends: Normal
+/// `CheckpointConfirmed` when all of its processes confirmed, else Warning
+/// `CheckpointUnconfirmed` naming those that did not by the deadline.
+#[cfg(feature = "clients")]
+async fn confirmation_events(
+    link: super::kubernetes::Link,
+    notice: Notice,
+    targets: Vec<Candidate>,
+    last: CheckpointReport,
+) {
+    if targets.iter().all(|c| c.pod_uid.is_none()) {
+        return;
+    }
+    let api = match link.api().await {
+        Ok(api) => api,
+        Err(e) => {
+            tracing::info!(error = %e, "No checkpoint confirmation Events: Kubernetes not reachable.");
+            return;
+        }
+    };
+    let pods = match api.pods_on_node().await {
+        Ok(pods) => pods,
+        Err(e) => {
+            tracing::warn!(error = %e, "Cannot list this node's pods for checkpoint confirmation Events.");
+            return;
+        }
+    };
+    let node = api.node().to_string();
+    for pod in &pods {
+        let mine: Vec<&Candidate> = targets
+            .iter()
+            .filter(|c| c.pod_uid.as_deref() == Some(pod.uid.as_str()))
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let missing: Vec<String> = mine
+            .iter()
+            .filter(|c| last.unconfirmed.contains(&c.pid))
+            .map(|c| format!("pid {} ({})", c.pid, c.name))
+            .collect();
+        let (kind, message) = if missing.is_empty() {
+            let took = last.confirmed_in_ms.map_or_else(String::new, |ms| {
+                format!(" within {:.1} s", Duration::from_millis(ms).as_secs_f64())
+            });
+            (
+                ("CheckpointConfirmed", "Normal"),
+                format!(
+                    "gpu-agent: all {} signalled processes confirmed their checkpoint{took} ({} notice)",
+                    mine.len(),
+                    notice.kind
+                ),
+            )
+        } else {
+            (
+                ("CheckpointUnconfirmed", "Warning"),
+                format!(
+                    "gpu-agent: {} of {} signalled processes did not confirm their checkpoint by {} ({} notice): {}",
+                    missing.len(),
+                    mine.len(),
+                    crate::model::time::rfc3339(notice.deadline),
+                    notice.kind,
+                    missing.join(", ")
+                ),
+            )
+        };
+        let event = pod_event(
+            pod,
+            &format!("{}|confirm", notice.id),
+            kind,
+            &message,
+            &node,
+        );
+        if let Err(e) = api.create_event_in(&pod.namespace, &event).await {
+            tracing::warn!(error = %e, pod = %pod.name, "Cannot post the checkpoint confirmation Event.");
+        }
+    }
 }
 
 /// At most this many calls' time limits for one notice's pod Events and cordon together.
@@ -460,7 +777,6 @@ async fn tell_kubernetes(
         Some(lookup) => lookup.assignments().await.ok(),
         None => None,
     };
-    let now = crate::model::time::rfc3339(std::time::SystemTime::now());
     for c in in_pods {
         let Some(pod) = pods.iter().find(|p| Some(&p.uid) == c.pod_uid.as_ref()) else {
             continue;
@@ -486,26 +802,17 @@ async fn tell_kubernetes(
             }
             _ => String::new(),
         };
-        let hash = crate::model::stable_hash(&format!("{}|{}", notice.id, c.pid));
-        let event = serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": { "name": format!("{}.gpu-agent.{hash:016x}", pod.name), "namespace": pod.namespace },
-            "involvedObject": { "apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace, "uid": pod.uid },
-            "reason": "CheckpointSignal",
-            "message": format!(
+        let event = pod_event(
+            pod,
+            &format!("{}|{}", notice.id, c.pid),
+            ("CheckpointSignal", "Warning"),
+            &format!(
                 "gpu-agent sent {} to pid {} ({}) in container {}{held}: {} notice, instance ends at {}",
                 c.signal.as_deref().unwrap_or("-"), c.pid, c.name, container.unwrap_or("?"), notice.kind,
                 crate::model::time::rfc3339(notice.deadline)
             ),
-            "type": "Warning",
-            "count": 1,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "source": { "component": "gpu-agent", "host": node },
-            "reportingComponent": "gpu-agent",
-            "reportingInstance": node,
-        });
+            node,
+        );
         if let Err(e) = api.create_event_in(&pod.namespace, &event).await {
             tracing::warn!(error = %e, pod = %pod.name, "Cannot post the checkpoint Event on the pod.");
         }

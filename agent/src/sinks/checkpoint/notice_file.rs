@@ -29,6 +29,9 @@ pub struct Contents {
     pub detail: String,
     /// The checkpoint signal sent to handlers.
     pub signal: String,
+    /// Where to confirm the checkpoint: write `done` (or its path) to `<ack_dir>/<pid>`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ack_dir: Option<std::path::PathBuf>,
     /// When the file was written (RFC 3339).
     #[serde(with = "crate::model::time")]
     pub written_at: SystemTime,
@@ -36,7 +39,7 @@ pub struct Contents {
 
 impl Contents {
     /// For `notice`, at `now`.
-    pub fn new(notice: &Notice, signal: &str, now: SystemTime) -> Self {
+    pub fn new(notice: &Notice, signal: &str, ack_dir: Option<&Path>, now: SystemTime) -> Self {
         let unix = |t: SystemTime| {
             t.duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs())
@@ -52,6 +55,7 @@ impl Contents {
                 .map_or(0, |d| d.as_secs()),
             detail: notice.detail.clone(),
             signal: signal.into(),
+            ack_dir: ack_dir.map(Path::to_path_buf),
             written_at: now,
         }
     }

@@ -1,54 +1,159 @@
-//! Watching signalled processes finish their checkpoint: the report's `waiting_for` shrinks
-//! as they exit, and it is `settled` once all have exited or the hold has passed. A host
-//! shutdown waits for that (the logind source holds its delay lock until then).
+//! Watching signalled processes confirm their checkpoint: each confirms by writing its ack
+//! file or by exiting. The report's `waiting_for` (processes still running) shrinks as they
+//! exit, and it is `settled` once all have exited or the hold has passed: a host shutdown
+//! waits for that (the logind source holds its delay lock until then). Confirmations are
+//! awaited until the deadline; the last report counts them and names the unconfirmed.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::mpsc;
 
-use super::targets;
+use super::{ack, targets};
+use crate::host::proc_read::{ProcReader, DEFAULT_DEADLINE};
 use crate::model::{CheckpointReport, Observation};
 
-/// How often the signalled processes are looked at.
+/// How often the signalled processes are looked at while a shutdown may wait on them.
 const POLL: Duration = Duration::from_millis(100);
+/// How often after that, while confirmations are awaited until the deadline.
+const POLL_AFTER_HOLD: Duration = Duration::from_secs(1);
 
 /// Is the process `pid` that started at `start_time` still running (not gone, not a zombie)?
 pub fn running(procfs: &std::path::Path, pid: i32, start_time: u64) -> bool {
     targets::stat(procfs, pid).is_some_and(|s| s.start_time == start_time && !s.zombie)
 }
 
-/// Report `base` with `waiting_for` narrowing to the `targets` still running, until none is
-/// or `until` passes; the last report is `settled`.
+/// A signalled process to watch.
+#[derive(Debug, Clone)]
+pub struct Watched {
+    /// PID.
+    pub pid: i32,
+    /// Start time (with the PID, its identity).
+    pub start_time: u64,
+    /// Where its ack appears, if acks are on.
+    pub ack: Option<PathBuf>,
+}
+
+/// How long to watch.
+#[derive(Debug, Clone, Copy)]
+pub struct Until {
+    /// The hold: `settled` when it passes (or all exited).
+    pub hold: Instant,
+    /// The end of the watch: the deadline (at least the hold).
+    pub confirm: Instant,
+}
+
+/// One look: which are still running, and which confirmed (and with what words).
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Look {
+    running: Vec<i32>,
+    confirmed: Vec<(i32, String)>,
+}
+
+fn look(
+    reader: &mut ProcReader,
+    procfs: &std::path::Path,
+    targets: &[Watched],
+    since: SystemTime,
+) -> Look {
+    let mut out = Look::default();
+    for t in targets {
+        let alive = running(procfs, t.pid, t.start_time);
+        if alive {
+            out.running.push(t.pid);
+        }
+        let acked = t.ack.as_ref().and_then(|p| ack::read(reader, p, since));
+        match (acked, alive) {
+            (Some(words), _) => out.confirmed.push((t.pid, words)),
+            (None, false) => out.confirmed.push((t.pid, "exited".into())),
+            (None, true) => {}
+        }
+    }
+    out
+}
+
+/// Report `base` as the `targets` confirm (ack or exit), until all have or `until.confirm`
+/// passes; `settled` once all exited or `until.hold` passed. Returns the last report.
 pub async fn watch(
     mut base: CheckpointReport,
-    targets: Vec<(i32, u64)>,
-    until: Instant,
+    targets: Vec<Watched>,
+    until: Until,
     procfs: PathBuf,
     reports: mpsc::Sender<Observation>,
-) {
+) -> CheckpointReport {
+    let since = base.signalled_at.unwrap_or_else(SystemTime::now);
+    let mut reader = Some(ProcReader::new(DEFAULT_DEADLINE));
+    let mut logged: Vec<i32> = Vec::new();
     loop {
-        let alive: Vec<i32> = targets
-            .iter()
-            .filter(|(pid, start)| running(&procfs, *pid, *start))
-            .map(|(pid, _)| *pid)
-            .collect();
-        let settled = alive.is_empty() || Instant::now() >= until;
-        if alive != base.waiting_for || settled {
-            if settled && !alive.is_empty() {
-                tracing::warn!(notice = %base.notice_id, still_running = ?alive, "Checkpoint hold over; not waiting for these any longer.");
+        // Off the runtime thread: the reads are bounded, but each may wait its deadline.
+        let (t, p, r) = (targets.clone(), procfs.clone(), reader.take());
+        let (now_look, back) = tokio::task::spawn_blocking(move || {
+            let mut r = r.unwrap_or_else(|| ProcReader::new(DEFAULT_DEADLINE));
+            (look(&mut r, &p, &t, since), r)
+        })
+        .await
+        .unwrap_or_else(|_| (Look::default(), ProcReader::new(DEFAULT_DEADLINE)));
+        reader = Some(back);
+        for (pid, words) in &now_look.confirmed {
+            if !logged.contains(pid) {
+                tracing::info!(pid, notice = %base.notice_id, confirmed = %words, "Checkpoint confirmed.");
+                logged.push(*pid);
             }
-            base.waiting_for = if settled { Vec::new() } else { alive };
+        }
+        let now = Instant::now();
+        let all = now_look.confirmed.len() == targets.len();
+        let settled = now_look.running.is_empty() || now >= until.hold;
+        let done = all || now >= until.confirm;
+        let confirmed = u32::try_from(now_look.confirmed.len()).unwrap_or(u32::MAX);
+        let waiting_for = if settled {
+            Vec::new()
+        } else {
+            now_look.running.clone()
+        };
+        let changed = waiting_for != base.waiting_for
+            || settled != base.settled
+            || confirmed != base.confirmed
+            || done;
+        if changed {
+            if settled && !base.settled && !now_look.running.is_empty() {
+                tracing::warn!(notice = %base.notice_id, still_running = ?now_look.running, "Checkpoint hold over; a shutdown waits no longer.");
+            }
+            base.waiting_for = waiting_for;
             base.settled = settled;
+            base.confirmed = confirmed;
+            if all && base.confirmed_in_ms.is_none() && !targets.is_empty() {
+                let took = SystemTime::now().duration_since(since).unwrap_or_default();
+                base.confirmed_in_ms = Some(u64::try_from(took.as_millis()).unwrap_or(u64::MAX));
+            }
+            if done {
+                base.unconfirmed = targets
+                    .iter()
+                    .map(|t| t.pid)
+                    .filter(|pid| !now_look.confirmed.iter().any(|(c, _)| c == pid))
+                    .collect();
+                summarise(&base);
+            }
             if reports
                 .send(Observation::Checkpoint(base.clone()))
                 .await
                 .is_err()
-                || settled
+                || done
             {
-                return;
+                return base;
             }
         }
-        tokio::time::sleep(POLL).await;
+        tokio::time::sleep(if settled { POLL_AFTER_HOLD } else { POLL }).await;
+    }
+}
+
+/// One journal line per notice: signalled N in M pods, K confirmed in T.
+fn summarise(r: &CheckpointReport) {
+    let took = r
+        .confirmed_in_ms
+        .map_or_else(String::new, |ms| format!(" in {:.1} s", ms as f64 / 1000.0));
+    if r.unconfirmed.is_empty() {
+        tracing::info!(notice = %r.notice_id, signalled = r.signalled, pods = r.pods, confirmed = r.confirmed, "Checkpoint: {} of {} signalled processes confirmed{took}.", r.confirmed, r.signalled);
+    } else {
+        tracing::warn!(notice = %r.notice_id, signalled = r.signalled, pods = r.pods, confirmed = r.confirmed, unconfirmed = ?r.unconfirmed, "Checkpoint: {} of {} signalled processes confirmed; unconfirmed at the deadline: {:?}.", r.confirmed, r.signalled, r.unconfirmed);
     }
 }

@@ -1,22 +1,33 @@
 //! Which processes get the checkpoint signal, and why each is in or out.
 //!
-//! In: a process that opted in with `GPU_AGENT_CHECKPOINT_SIGNAL=<SIGNAME>` in its environment
-//! (that signal), or one that has a file matching `device_glob` open; in both cases only if
-//! its `SigCgt` shows it catches the signal. Out, always: PID 1, the agent itself, kernel
-//! threads, system daemons (kubelet, container runtimes, NVIDIA device plugin, DCGM,
-//! persistenced, fabric manager, MPS, gpu-agent) plus `[checkpoint] exclude`, matched by
-//! executable name as well as by the kernel's 15-character `comm`; launchers (torchrun,
-//! DeepSpeed, Accelerate: they treat a handled signal as the job's death and kill the
-//! workers); and the descendants of a target (forked DataLoader workers inherit the GPU files
-//! and the Python handler, but the process that owns the job is the one to checkpoint). A
-//! process that holds a GPU but does not catch the signal is listed as skipped, never
-//! signalled; an opt-in asking for SIGINT is refused.
+//! In: a process that has a file matching `device_glob` open, or one that opted in with
+//! `GPU_AGENT_CHECKPOINT_SIGNAL=<SIGNAME>` in its environment; in both cases only if its
+//! `SigCgt` shows it catches the signal. The signal: its pod's
+//! `gpu-agent.io/checkpoint-signal` annotation ([`declared`](super::declared); `none`: not
+//! signalled), else its opt-in, else `[checkpoint] signal`. Out, always: PID 1, the agent
+//! itself, kernel threads, system daemons (kubelet, container runtimes, NVIDIA device plugin,
+//! DCGM, persistenced, fabric manager, MPS, gpu-agent) plus `[checkpoint] exclude`, matched
+//! by executable name as well as by the kernel's 15-character `comm`; launchers (torchrun,
+//! DeepSpeed's runner and launcher, Accelerate, NVRx's ft_launcher: they treat a handled
+//! signal as the job's death and kill the workers), recognised by the program they run, not
+//! by a word anywhere in their arguments; supervisors (a process that only opted in, holds no
+//! GPU itself and has a candidate below it: `timeout`, a shell, an init); and forked copies
+//! of a target (DataLoader workers inherit the GPU files and the Python handler; the process
+//! that owns the job is the one to checkpoint). A child that exec'd a program of its own (a
+//! rank that Lightning's launcher or `mp.spawn` started under rank 0) is a target of its own.
+//! A process that holds a GPU but does not catch the signal is listed as skipped, never
+//! signalled; SIGINT is refused.
+//!
+//! Every read of a process's files is bounded ([`ProcReader`]): a process stuck in the kernel
+//! (D state) is listed as skipped with the file that did not answer, and the scan goes on.
 
 use std::path::Path;
 
 use rustix::process::Signal;
 use serde::Serialize;
 
+use super::declared::{self, Ask};
+use crate::host::proc_read::{ProcReader, Stuck};
 use crate::model::signal as signals;
 
 /// The opt-in variable.
@@ -52,15 +63,20 @@ const BUILT_IN_EXCLUDES: &[&str] = &[
     "init",
 ];
 
-/// Launchers, by a word of their command line: they supervise workers and treat a handled
-/// signal as the job's end (torchrun forwards it, waits 30 s and SIGKILLs the workers).
+/// Launchers, by the program (or Python script or module) they run: they supervise workers
+/// and treat a handled signal as the job's end (torchrun forwards it, waits 30 s and SIGKILLs
+/// the workers; DeepSpeed's launcher kills the tree).
 const LAUNCHERS: &[&str] = &[
     "torchrun",
     "torch.distributed.run",
     "torch.distributed.launch",
     "deepspeed",
+    "deepspeed.launcher.runner",
     "deepspeed.launcher.launch",
     "accelerate",
+    "accelerate.commands.launch",
+    "ft_launcher",
+    "nvidia_resiliency_ext.fault_tolerance.launcher",
 ];
 
 /// One process considered.
@@ -82,6 +98,14 @@ pub struct Candidate {
     pub pod_uid: Option<String>,
     /// Its container's ID (the runtime's, from its cgroup), where it runs in a pod.
     pub container_id: Option<String>,
+    /// Its PID in its own PID namespace (`NSpid`'s last field): the name of its ack file.
+    pub ns_pid: i32,
+    /// It holds a GPU device file itself (not only opted in).
+    #[serde(skip)]
+    pub holds_gpu: bool,
+    /// A digest of its command line and environment: a forked copy has its parent's.
+    #[serde(skip)]
+    pub image: u64,
 }
 
 /// What a scan needs.
@@ -97,6 +121,10 @@ pub struct Selection {
     pub exclude: Vec<String>,
     /// Honour the opt-in variable.
     pub opt_in_env: bool,
+    /// How long one read of a process's files may take before it is skipped as stuck.
+    pub read_deadline: std::time::Duration,
+    /// What the pods on this node declare, by pod UID.
+    pub declared: declared::ByPod,
 }
 
 fn read(path: &Path) -> Option<String> {
@@ -120,7 +148,10 @@ pub struct Stat {
 
 /// `/proc/PID/stat`, parsed (comm may hold spaces and parentheses).
 pub fn stat(procfs: &Path, pid: i32) -> Option<Stat> {
-    let text = read(&procfs.join(pid.to_string()).join("stat"))?;
+    parse_stat(&read(&procfs.join(pid.to_string()).join("stat"))?)
+}
+
+fn parse_stat(text: &str) -> Option<Stat> {
     let open = text.find('(')?;
     let close = text.rfind(')')?;
     let fields: Vec<&str> = text[close + 1..].split_whitespace().collect();
@@ -135,7 +166,20 @@ pub fn stat(procfs: &Path, pid: i32) -> Option<Stat> {
 
 /// The `SigCgt` mask from `/proc/PID/status`.
 pub fn sigcgt(procfs: &Path, pid: i32) -> Option<String> {
-    read(&procfs.join(pid.to_string()).join("status"))?
+    sigcgt_in(&read(&procfs.join(pid.to_string()).join("status"))?)
+}
+
+/// The PID in the innermost PID namespace (`NSpid:\t4242\t7` -> 7).
+fn ns_pid_in(status: &str) -> Option<i32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|v| v.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+}
+
+fn sigcgt_in(status: &str) -> Option<String> {
+    status
         .lines()
         .find_map(|l| l.strip_prefix("SigCgt:").map(|v| v.trim().to_string()))
 }
@@ -167,67 +211,146 @@ fn container_id(cgroup: &str) -> Option<String> {
 }
 
 /// The executable's file name (`/proc/PID/exe`, else the command line's first word).
-fn executable(dir: &Path, cmdline: &[String]) -> Option<String> {
-    std::fs::read_link(dir.join("exe"))
-        .ok()
+fn executable(
+    reader: &mut ProcReader,
+    dir: &Path,
+    cmdline: &[String],
+) -> Result<Option<String>, Stuck> {
+    Ok(reader
+        .read_link(&dir.join("exe"))?
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
         .or_else(|| {
             cmdline
                 .first()
                 .and_then(|a| Path::new(a).file_name())
                 .map(|n| n.to_string_lossy().into_owned())
-        })
+        }))
 }
 
-/// The launcher this command line runs, if any (`torchrun ...`, `python -m torch.distributed.run ...`).
+/// A path's last part.
+fn base(arg: &str) -> &str {
+    Path::new(arg)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or(arg)
+}
+
+/// `python`, `python3`, `python3.11`.
+fn is_python(program: &str) -> bool {
+    program
+        .strip_prefix("python")
+        .is_some_and(|v| v.bytes().all(|b| b.is_ascii_digit() || b == b'.'))
+}
+
+/// The launcher this command line runs, if any: the program itself (`torchrun ...`,
+/// `deepspeed ...`), or the script or module Python runs (`python3 /usr/local/bin/torchrun`,
+/// `python -m torch.distributed.run`). A program that merely has a launcher among its
+/// arguments (`timeout 3600 torchrun ...`, `bash -c "torchrun ..."`) is none.
 fn launcher(cmdline: &[String]) -> Option<&'static str> {
-    cmdline.iter().take(3).find_map(|arg| {
-        let word = Path::new(arg)
-            .file_name()
-            .map_or(arg.as_str(), |n| n.to_str().unwrap_or_default());
-        LAUNCHERS.iter().copied().find(|l| *l == word)
-    })
+    let find = |word: &str| LAUNCHERS.iter().copied().find(|l| *l == word);
+    let program = base(cmdline.first()?);
+    if let Some(l) = find(program) {
+        return Some(l);
+    }
+    if !is_python(program) {
+        return None;
+    }
+    let mut args = cmdline.iter().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "-m" => return args.next().and_then(|m| find(m)),
+            "-c" => return None,
+            // Options that take a value.
+            "-W" | "-X" | "-Q" => {
+                args.next();
+            }
+            a if a.starts_with("-m") => return find(&a[2..]),
+            a if a.starts_with('-') => {}
+            script => return find(base(script)),
+        }
+    }
+    None
 }
 
-/// Consider every process; returns those holding a GPU or opted in (others are not listed).
+/// Consider every process; returns those holding a GPU or opted in, and those whose files
+/// did not answer in time (others are not listed).
 pub fn scan(sel: &Selection) -> Vec<Candidate> {
-    let mut out = consider(sel);
-    only_topmost(sel, &mut out);
+    let mut reader = ProcReader::new(sel.read_deadline);
+    let mut out = consider(sel, &mut reader);
+    only_topmost(sel, &mut reader, &mut out);
     out
 }
 
-/// A target whose ancestor is also a target is its child (a forked worker): skipped.
-fn only_topmost(sel: &Selection, candidates: &mut [Candidate]) {
-    let targets: Vec<(i32, String)> = candidates
-        .iter()
-        .filter(|c| c.signal.is_some())
-        .map(|c| (c.pid, c.name.clone()))
-        .collect();
-    for c in candidates.iter_mut().filter(|c| c.signal.is_some()) {
+/// Supervisors and forked copies are not targets. A target that only opted in (holds no GPU
+/// itself) with a candidate below it is a supervisor (`timeout`, a shell, an init that
+/// inherited the opt-in): it would forward or die, so what runs below it is signalled. A
+/// target below another target with the same command line and environment is a forked copy
+/// of it (a DataLoader worker): the one above checkpoints for it. A child that exec'd its own
+/// program (a rank started by its rank 0) stays a target.
+fn only_topmost(sel: &Selection, reader: &mut ProcReader, candidates: &mut [Candidate]) {
+    let ancestors = |reader: &mut ProcReader, c: &Candidate| {
+        let mut chain = Vec::new();
         let mut parent = c.ppid;
         // Bounded walk up the tree (a PID cycle in a fake procfs must not hang).
         for _ in 0..64 {
             if parent <= 1 {
                 break;
             }
-            if let Some((pid, name)) = targets.iter().find(|(pid, _)| *pid == parent) {
-                c.why = format!(
-                    "skipped: child of target {pid} ({name}), which checkpoints for it (forked \
-                     workers inherit the GPU files and the handler)"
-                );
-                c.signal = None;
-                break;
-            }
-            match stat(&sel.procfs, parent) {
+            chain.push(parent);
+            let path = sel.procfs.join(parent.to_string()).join("stat");
+            match reader
+                .read_text(&path)
+                .ok()
+                .flatten()
+                .as_deref()
+                .and_then(parse_stat)
+            {
                 Some(up) => parent = up.ppid,
                 None => break,
             }
         }
+        chain
+    };
+    let chains: Vec<Vec<i32>> = candidates.iter().map(|c| ancestors(reader, c)).collect();
+    let supervisors: Vec<i32> = candidates
+        .iter()
+        .filter(|c| c.signal.is_some() && !c.holds_gpu)
+        .filter(|c| chains.iter().any(|chain| chain.contains(&c.pid)))
+        .map(|c| c.pid)
+        .collect();
+    let targets: Vec<(i32, String, u64)> = candidates
+        .iter()
+        .filter(|c| c.signal.is_some() && !supervisors.contains(&c.pid))
+        .map(|c| (c.pid, c.name.clone(), c.image))
+        .collect();
+    for (c, chain) in candidates.iter_mut().zip(&chains) {
+        if c.signal.is_none() {
+            continue;
+        }
+        if supervisors.contains(&c.pid) {
+            c.why = "skipped: supervises other candidates and holds no GPU itself (a \
+                     `timeout`, shell or init forwards a signal or dies of it): the processes \
+                     below it are signalled"
+                .into();
+            c.signal = None;
+            continue;
+        }
+        let copy_of = chain.iter().find_map(|up| {
+            targets
+                .iter()
+                .find(|(pid, _, image)| pid == up && *image == c.image)
+        });
+        if let Some((pid, name, _)) = copy_of {
+            c.why = format!(
+                "skipped: a forked copy of target {pid} ({name}), which checkpoints for it \
+                 (forked workers inherit the GPU files and the handler)"
+            );
+            c.signal = None;
+        }
     }
 }
 
-fn consider(sel: &Selection) -> Vec<Candidate> {
-    let me = std::process::id();
+fn consider(sel: &Selection, reader: &mut ProcReader) -> Vec<Candidate> {
     let Ok(entries) = std::fs::read_dir(&sel.procfs) else {
         return Vec::new();
     };
@@ -238,108 +361,195 @@ fn consider(sel: &Selection) -> Vec<Candidate> {
     pids.sort_unstable();
     let mut out = Vec::new();
     for pid in pids {
-        let dir = sel.procfs.join(pid.to_string());
-        let Some(Stat {
-            comm: name,
-            ppid,
-            start_time,
-            ..
-        }) = stat(&sel.procfs, pid)
-        else {
-            continue;
-        };
-        let environ = if sel.opt_in_env {
-            std::fs::read(dir.join("environ")).unwrap_or_default()
-        } else {
-            Vec::new()
-        };
-        let opt_in = environ.split(|b| *b == 0).find_map(|kv| {
-            std::str::from_utf8(kv)
-                .ok()?
-                .strip_prefix(OPT_IN_VAR)?
-                .strip_prefix('=')
-                .map(str::to_string)
-        });
-        let device = std::fs::read_dir(dir.join("fd")).ok().and_then(|fds| {
-            fds.flatten()
-                .filter_map(|fd| std::fs::read_link(fd.path()).ok())
-                .find(|target| sel.device_glob.matches_path(target))
-        });
-        if opt_in.is_none() && device.is_none() {
-            continue;
-        }
-        let cmdline: Vec<String> = std::fs::read(dir.join("cmdline"))
-            .unwrap_or_default()
-            .split(|b| *b == 0)
-            .filter(|a| !a.is_empty())
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        let exe = executable(&dir, &cmdline);
-        let mut candidate = Candidate {
-            pid,
-            ppid,
-            start_time,
-            name: name.clone(),
-            signal: None,
-            why: String::new(),
-            pod_uid: None,
-            container_id: None,
-        };
-        if let Some(cgroup) = read(&dir.join("cgroup")) {
-            candidate.pod_uid = pod_uid(&cgroup);
-            candidate.container_id = candidate.pod_uid.as_ref().and(container_id(&cgroup));
-        }
-        let names = [Some(name.as_str()), exe.as_deref()];
-        let excluded = names
-            .iter()
-            .flatten()
-            .find(|n| BUILT_IN_EXCLUDES.contains(n) || sel.exclude.iter().any(|e| e == *n));
-        let signal = match &opt_in {
-            Some(requested) => signals::parse(requested),
-            None => Some(sel.signal),
-        };
-        candidate.why = if pid == 1 || u32::try_from(pid).is_ok_and(|p| p == me) {
-            "skipped: init or the agent itself".into()
-        } else if ppid == 2 || ppid == 0 {
-            "skipped: kernel thread".into()
-        } else if let Some(n) = excluded {
-            format!("skipped: {n} is a system daemon (excluded)")
-        } else if let Some(l) = launcher(&cmdline) {
-            format!(
-                "skipped: {l} is a launcher: its workers are signalled (a launcher treats a \
-                 handled signal as the job's death and kills them)"
-            )
-        } else if let (Some(requested), None) = (&opt_in, signal) {
-            format!(
-                "skipped: opted in with {OPT_IN_VAR}={requested}, which is not a catchable signal"
-            )
-        } else if let Some(why) = signal.and_then(signals::refused) {
-            format!("skipped: opted in with {OPT_IN_VAR}: {why}")
-        } else {
-            let signal = signal.unwrap_or(sel.signal);
-            let what = match (&opt_in, &device) {
-                (Some(requested), _) => format!("opted in with {OPT_IN_VAR}={requested}"),
-                (None, Some(dev)) => format!("holds {}", dev.display()),
-                (None, None) => String::new(),
-            };
-            if sigcgt(&sel.procfs, pid).is_some_and(|mask| signals::caught(&mask, signal)) {
-                candidate.signal = Some(signals::name(signal));
-                format!("target: {what} and handles {}", signals::name(signal))
-            } else {
-                format!(
-                    "skipped: {what} but does not handle {} (it would be killed)",
-                    signals::name(signal)
-                )
+        let mut known = None;
+        match consider_one(sel, reader, pid, &mut known) {
+            Ok(Some(candidate)) => out.push(candidate),
+            Ok(None) => {}
+            Err(stuck) => {
+                let stat = known.unwrap_or(Stat {
+                    comm: "?".into(),
+                    ppid: 0,
+                    start_time: 0,
+                    zombie: false,
+                });
+                tracing::warn!(pid, name = %stat.comm, error = %stuck, "Process skipped: its procfs files do not answer.");
+                out.push(Candidate {
+                    pid,
+                    ppid: stat.ppid,
+                    start_time: stat.start_time,
+                    name: stat.comm,
+                    signal: None,
+                    why: format!(
+                        "skipped: stuck in the kernel: {stuck}; a process that cannot run \
+                         cannot checkpoint"
+                    ),
+                    pod_uid: None,
+                    container_id: None,
+                    ns_pid: pid,
+                    holds_gpu: false,
+                    image: 0,
+                });
             }
-        };
-        out.push(candidate);
+        }
     }
     out
+}
+
+/// One process: `None` when it neither holds a GPU nor opted in. `known` gets its stat as
+/// soon as that is read, so a process stuck later is still named.
+fn consider_one(
+    sel: &Selection,
+    reader: &mut ProcReader,
+    pid: i32,
+    known: &mut Option<Stat>,
+) -> Result<Option<Candidate>, Stuck> {
+    let me = std::process::id();
+    let dir = sel.procfs.join(pid.to_string());
+    let Some(stat) = reader
+        .read_text(&dir.join("stat"))?
+        .as_deref()
+        .and_then(parse_stat)
+    else {
+        return Ok(None);
+    };
+    *known = Some(stat.clone());
+    let Stat {
+        comm: name,
+        ppid,
+        start_time,
+        ..
+    } = stat;
+    // Cheap, lock-free reads first: a process without a GPU file is not read further
+    // (unless opt-in environments are honoured: then its environment is read too).
+    let device = reader
+        .links_in(&dir.join("fd"))?
+        .unwrap_or_default()
+        .into_iter()
+        .find(|target| sel.device_glob.matches_path(target));
+    let environ = if sel.opt_in_env {
+        reader.read(&dir.join("environ"))?.unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let opt_in = environ.split(|b| *b == 0).find_map(|kv| {
+        std::str::from_utf8(kv)
+            .ok()?
+            .strip_prefix(OPT_IN_VAR)?
+            .strip_prefix('=')
+            .map(str::to_string)
+    });
+    if opt_in.is_none() && device.is_none() {
+        return Ok(None);
+    }
+    let environ = if environ.is_empty() {
+        reader.read(&dir.join("environ"))?.unwrap_or_default()
+    } else {
+        environ
+    };
+    let raw_cmdline = reader.read(&dir.join("cmdline"))?.unwrap_or_default();
+    let image = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        raw_cmdline.hash(&mut h);
+        environ.hash(&mut h);
+        h.finish()
+    };
+    let cmdline: Vec<String> = raw_cmdline
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let exe = executable(reader, &dir, &cmdline)?;
+    let mut candidate = Candidate {
+        pid,
+        ppid,
+        start_time,
+        name: name.clone(),
+        signal: None,
+        why: String::new(),
+        pod_uid: None,
+        container_id: None,
+        ns_pid: pid,
+        holds_gpu: device.is_some(),
+        image,
+    };
+    if let Some(cgroup) = reader.read_text(&dir.join("cgroup"))? {
+        candidate.pod_uid = pod_uid(&cgroup);
+        candidate.container_id = candidate.pod_uid.as_ref().and(container_id(&cgroup));
+    }
+    let names = [Some(name.as_str()), exe.as_deref()];
+    let excluded = names
+        .iter()
+        .flatten()
+        .find(|n| BUILT_IN_EXCLUDES.contains(n) || sel.exclude.iter().any(|e| e == *n));
+    let declared = candidate
+        .pod_uid
+        .as_ref()
+        .and_then(|uid| sel.declared.get(uid))
+        .filter(|d| d.ask.is_some());
+    let signal = match (declared.and_then(|d| d.ask), &opt_in) {
+        (Some(Ask::Signal(s)), _) => Some(s),
+        (Some(Ask::Nothing), _) => None,
+        (None, Some(requested)) => signals::parse(requested),
+        (None, None) => Some(sel.signal),
+    };
+    candidate.why = if pid == 1 || u32::try_from(pid).is_ok_and(|p| p == me) {
+        "skipped: init or the agent itself".into()
+    } else if ppid == 2 || ppid == 0 {
+        "skipped: kernel thread".into()
+    } else if let Some(n) = excluded {
+        format!("skipped: {n} is a system daemon (excluded)")
+    } else if let Some(l) = launcher(&cmdline) {
+        format!(
+            "skipped: {l} is a launcher: its workers are signalled (a launcher treats a \
+             handled signal as the job's death and kills them)"
+        )
+    } else if let (Some(d), None) = (declared, signal) {
+        format!(
+            "skipped: pod {} declares {} none (it reads the notice file)",
+            d.pod,
+            declared::SIGNAL_ANNOTATION
+        )
+    } else if let (Some(requested), None) = (&opt_in, signal) {
+        format!("skipped: opted in with {OPT_IN_VAR}={requested}, which is not a catchable signal")
+    } else if let Some(why) = signal.and_then(signals::refused) {
+        format!("skipped: opted in with {OPT_IN_VAR}: {why}")
+    } else {
+        let signal = signal.unwrap_or(sel.signal);
+        let held = device
+            .as_ref()
+            .map(|dev| format!("holds {}", dev.display()));
+        let what = match (declared, &opt_in, held) {
+            (Some(d), _, held) => format!(
+                "{}pod {} declares {}",
+                held.map_or_else(String::new, |h| h + ", "),
+                d.pod,
+                signals::name(signal)
+            ),
+            (None, Some(requested), _) => format!("opted in with {OPT_IN_VAR}={requested}"),
+            (None, None, Some(held)) => held,
+            (None, None, None) => String::new(),
+        };
+        let status = reader.read_text(&dir.join("status"))?.unwrap_or_default();
+        candidate.ns_pid = ns_pid_in(&status).unwrap_or(pid);
+        let mask = sigcgt_in(&status);
+        if mask.is_some_and(|mask| signals::caught(&mask, signal)) {
+            candidate.signal = Some(signals::name(signal));
+            format!("target: {what} and handles {}", signals::name(signal))
+        } else {
+            format!(
+                "skipped: {what} but does not handle {} (it would be killed)",
+                signals::name(signal)
+            )
+        }
+    };
+    Ok(Some(candidate))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sinks::checkpoint::Declared;
 
     /// A fake procfs process: comm, parent, command line, executable, and whether it holds
     /// the GPU and catches SIGUSR1 (bit 10) / SIGINT (bit 2).
@@ -446,6 +656,8 @@ mod tests {
             device_glob: glob::Pattern::new("/dev/nvidia[0-9]*").expect("glob"),
             exclude: vec!["long-named-server-bin".into()],
             opt_in_env: true,
+            read_deadline: std::time::Duration::from_millis(100),
+            declared: declared::ByPod::new(),
         };
         let found = scan(&sel);
         let why = |pid: i32| {
@@ -459,7 +671,7 @@ mod tests {
         );
         assert_eq!(why(101).0.as_deref(), Some("SIGUSR1"), "{:?}", why(101));
         assert!(
-            why(102).0.is_none() && why(102).1.contains("child of target 101"),
+            why(102).0.is_none() && why(102).1.contains("forked copy of target 101"),
             "{:?}",
             why(102)
         );
@@ -514,6 +726,280 @@ mod tests {
             ))
             .as_deref(),
             Some(id.as_str())
+        );
+    }
+
+    /// Issue 22: a process in D state blocked the scan (its `environ` read never returned),
+    /// nobody was signalled and the sink was stuck until restart.
+    #[test]
+    fn a_process_whose_files_never_answer_is_skipped_and_named() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let trainer = |pid| Proc {
+            pid,
+            ppid: 1,
+            comm: "python3",
+            cmdline: &["python3", "train.py"],
+            exe: "/usr/bin/python3.11",
+            gpu: true,
+            env: "",
+        };
+        fake(dir.path(), &trainer(500));
+        fake(dir.path(), &trainer(501));
+        fake(dir.path(), &trainer(502));
+        // 501 is stuck in the kernel: reading its environment never returns.
+        let environ = dir.path().join("501/environ");
+        std::fs::remove_file(&environ).expect("rm");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&environ)
+            .status()
+            .expect("mkfifo");
+        assert!(made.success());
+        let sel = Selection {
+            procfs: dir.path().to_path_buf(),
+            signal: Signal::USR1,
+            device_glob: glob::Pattern::new("/dev/nvidia[0-9]*").expect("glob"),
+            exclude: Vec::new(),
+            opt_in_env: true,
+            read_deadline: std::time::Duration::from_millis(100),
+            declared: declared::ByPod::new(),
+        };
+        let started = std::time::Instant::now();
+        let found = scan(&sel);
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+        let signal = |pid: i32| found.iter().find(|c| c.pid == pid).expect("listed");
+        assert_eq!(signal(500).signal.as_deref(), Some("SIGUSR1"));
+        assert_eq!(signal(502).signal.as_deref(), Some("SIGUSR1"));
+        let stuck = signal(501);
+        assert_eq!(
+            (stuck.signal.as_deref(), stuck.name.as_str()),
+            (None, "python3")
+        );
+        assert!(
+            stuck.why.contains("stuck in the kernel") && stuck.why.contains("501/environ"),
+            "{}",
+            stuck.why
+        );
+        // A second scan does not wait for it again.
+        let again = std::time::Instant::now();
+        let found = scan(&sel);
+        assert!(again.elapsed() < std::time::Duration::from_millis(90));
+        assert_eq!(found.len(), 3);
+        // Unblock the stuck reader thread.
+        let _ = std::fs::write(&environ, b"");
+    }
+
+    #[test]
+    fn launchers_by_the_program_they_run() {
+        let l =
+            |args: &[&str]| launcher(&args.iter().map(|a| (*a).to_string()).collect::<Vec<_>>());
+        assert_eq!(
+            l(&["/usr/local/bin/torchrun", "train.py"]),
+            Some("torchrun")
+        );
+        assert_eq!(
+            l(&[
+                "/usr/bin/python3.11",
+                "/usr/local/bin/torchrun",
+                "--nproc-per-node",
+                "8"
+            ]),
+            Some("torchrun")
+        );
+        assert_eq!(
+            l(&["python", "-u", "-m", "torch.distributed.run", "train.py"]),
+            Some("torch.distributed.run")
+        );
+        assert_eq!(
+            l(&[
+                "python3",
+                "-u",
+                "-m",
+                "deepspeed.launcher.launch",
+                "--world_info=x"
+            ]),
+            Some("deepspeed.launcher.launch")
+        );
+        assert_eq!(
+            l(&["python3", "/usr/local/bin/deepspeed", "train.py"]),
+            Some("deepspeed")
+        );
+        assert_eq!(
+            l(&["python3", "/usr/local/bin/ft_launcher", "t.py"]),
+            Some("ft_launcher")
+        );
+        assert_eq!(l(&["accelerate", "launch", "t.py"]), Some("accelerate"));
+        // Arguments that merely mention a launcher.
+        assert_eq!(l(&["timeout", "3600", "torchrun", "train.py"]), None);
+        assert_eq!(l(&["bash", "-c", "torchrun train.py"]), None);
+        assert_eq!(l(&["python3", "train.py", "torchrun"]), None);
+        assert_eq!(l(&["python3", "-c", "import torchrun"]), None);
+        // A worker torchrun started.
+        assert_eq!(
+            l(&["/usr/bin/python3", "-u", "train.py", "--local-rank=0"]),
+            None
+        );
+    }
+
+    fn sel(dir: &Path, declared: declared::ByPod) -> Selection {
+        Selection {
+            procfs: dir.to_path_buf(),
+            signal: Signal::USR1,
+            device_glob: glob::Pattern::new("/dev/nvidia[0-9]*").expect("glob"),
+            exclude: Vec::new(),
+            opt_in_env: true,
+            read_deadline: std::time::Duration::from_millis(100),
+            declared,
+        }
+    }
+
+    fn outcome(found: &[Candidate], pid: i32) -> (Option<String>, String) {
+        let c = found.iter().find(|c| c.pid == pid).expect("listed");
+        (c.signal.clone(), c.why.clone())
+    }
+
+    /// Issue 22: Lightning's DDP launcher and `mp.spawn` start ranks as children of rank 0;
+    /// each is a target. A `timeout` parent that inherited the opt-in is a supervisor.
+    #[test]
+    fn ranks_started_by_rank_0_are_targets_and_supervisors_are_not() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let opt_in = "GPU_AGENT_CHECKPOINT_SIGNAL=SIGUSR1\0";
+        for p in [
+            // timeout -> rank 0 -> rank 1 (Lightning re-runs the script with LOCAL_RANK=1)
+            Proc {
+                pid: 10,
+                ppid: 1,
+                comm: "timeout",
+                cmdline: &["timeout", "3600", "python3", "fit.py"],
+                exe: "/usr/bin/timeout",
+                gpu: false,
+                env: opt_in,
+            },
+            Proc {
+                pid: 11,
+                ppid: 10,
+                comm: "python3",
+                cmdline: &["python3", "fit.py"],
+                exe: "/usr/bin/python3.11",
+                gpu: true,
+                env: opt_in,
+            },
+            Proc {
+                pid: 12,
+                ppid: 11,
+                comm: "python3",
+                cmdline: &["python3", "fit.py"],
+                exe: "/usr/bin/python3.11",
+                gpu: true,
+                env: "GPU_AGENT_CHECKPOINT_SIGNAL=SIGUSR1\0LOCAL_RANK=1\0",
+            },
+            // mp.spawn: a fresh interpreter with its own command line.
+            Proc {
+                pid: 13,
+                ppid: 11,
+                comm: "python3",
+                cmdline: &[
+                    "python3",
+                    "-c",
+                    "from multiprocessing.spawn import spawn_main; spawn_main()",
+                    "--multiprocessing-fork",
+                ],
+                exe: "/usr/bin/python3.11",
+                gpu: true,
+                env: opt_in,
+            },
+            // A forked DataLoader worker of rank 1.
+            Proc {
+                pid: 14,
+                ppid: 12,
+                comm: "pt_data_worker",
+                cmdline: &["python3", "fit.py"],
+                exe: "/usr/bin/python3.11",
+                gpu: true,
+                env: "GPU_AGENT_CHECKPOINT_SIGNAL=SIGUSR1\0LOCAL_RANK=1\0",
+            },
+        ] {
+            fake(dir.path(), &p);
+        }
+        let found = scan(&sel(dir.path(), declared::ByPod::new()));
+        let (signal, why) = outcome(&found, 10);
+        assert!(signal.is_none() && why.contains("supervises"), "{why}");
+        for rank in [11, 12, 13] {
+            assert_eq!(
+                outcome(&found, rank).0.as_deref(),
+                Some("SIGUSR1"),
+                "{:?}",
+                outcome(&found, rank)
+            );
+        }
+        let (signal, why) = outcome(&found, 14);
+        assert!(
+            signal.is_none() && why.contains("forked copy of target 12"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn the_pods_declaration_chooses_the_signal() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let uid = "1b4c7e9a-2f6d-4c1e-9a0b-3d5e7f9a1c2b";
+        for (pid, env) in [(20, ""), (21, "GPU_AGENT_CHECKPOINT_SIGNAL=SIGUSR2\0")] {
+            fake(
+                dir.path(),
+                &Proc {
+                    pid,
+                    ppid: 1,
+                    comm: "python3",
+                    cmdline: &["python3", "train.py"],
+                    exe: "/usr/bin/python3",
+                    gpu: true,
+                    env,
+                },
+            );
+            std::fs::write(
+                dir.path().join(format!("{pid}/cgroup")),
+                format!("0::/kubepods/burstable/pod{uid}/{}\n", "a".repeat(64)),
+            )
+            .expect("cgroup");
+            // SIGTERM (bit 15) and SIGUSR1 caught; in a PID namespace as 7.
+            std::fs::write(
+                dir.path().join(format!("{pid}/status")),
+                "NSpid:\t20\t7\nSigCgt:\t0000000000004200\n",
+            )
+            .expect("status");
+        }
+        let annotations = |signal: &str| {
+            [(declared::SIGNAL_ANNOTATION.to_string(), signal.to_string())]
+                .into_iter()
+                .collect()
+        };
+        let by_pod = |signal: &str| {
+            let mut m = declared::ByPod::new();
+            m.insert(
+                uid.into(),
+                Declared::from_annotations("ml/train", &annotations(signal)).expect("declared"),
+            );
+            m
+        };
+        let found = scan(&sel(dir.path(), by_pod("SIGTERM")));
+        for pid in [20, 21] {
+            let (signal, why) = outcome(&found, pid);
+            assert_eq!(signal.as_deref(), Some("SIGTERM"), "{why}");
+            assert!(why.contains("pod ml/train declares SIGTERM"), "{why}");
+        }
+        assert_eq!(found[0].ns_pid, 7);
+        let found = scan(&sel(dir.path(), by_pod("none")));
+        let (signal, why) = outcome(&found, 20);
+        assert!(
+            signal.is_none() && why.contains("declares gpu-agent.io/checkpoint-signal none"),
+            "{why}"
+        );
+        // Undeclared: the opt-in, else the default.
+        let found = scan(&sel(dir.path(), declared::ByPod::new()));
+        assert_eq!(outcome(&found, 20).0.as_deref(), Some("SIGUSR1"));
+        let (signal, why) = outcome(&found, 21);
+        assert!(
+            signal.is_none() && why.contains("does not handle SIGUSR2"),
+            "{why}"
         );
     }
 }

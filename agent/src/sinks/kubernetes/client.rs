@@ -254,6 +254,7 @@ impl NodeApi {
             .items
             .into_iter()
             .map(|p| NodePod {
+                annotations: p.metadata.annotations.unwrap_or_default(),
                 uid: p.metadata.uid.unwrap_or_default(),
                 namespace: p.metadata.namespace.unwrap_or_default(),
                 name: p.metadata.name.unwrap_or_default(),
@@ -346,4 +347,6 @@ pub struct NodePod {
     pub name: String,
     /// Its containers: `(name, container id without the runtime prefix)`.
     pub containers: Vec<(String, String)>,
+    /// Its annotations.
+    pub annotations: std::collections::BTreeMap<String, String>,
 }

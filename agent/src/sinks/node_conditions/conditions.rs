@@ -103,11 +103,14 @@ fn interruption(snapshot: &HealthSnapshot, type_: &str, now: SystemTime) -> Desi
             status: "False",
             reason: camel(&end.kind) + "Scheduled",
             message: truncate(&format!(
-                "{} ends at {}; pending from {} (checkpoint lead): {}",
+                "{} ends at {}; pending from {} (checkpoint lead{}): {}",
                 end.kind,
                 crate::model::time::rfc3339(end.deadline),
                 end.act_at
                     .map_or_else(String::new, crate::model::time::rfc3339),
+                end.lead_from
+                    .as_ref()
+                    .map_or_else(String::new, |why| format!(": {why}")),
                 end.detail
             )),
         },
@@ -243,6 +246,7 @@ mod tests {
             detail: "cr-123".into(),
             signalled: 0,
             act_at: Some(act_at),
+            lead_from: None,
             covered_by: None,
             waiting_for: Vec::new(),
         });

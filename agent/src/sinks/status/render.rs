@@ -42,6 +42,9 @@ pub fn render(s: &HealthSnapshot) -> String {
             end.kind,
             crate::model::time::rfc3339(end.deadline),
         );
+        if let (Some(why), false) = (&end.lead_from, end.due(now)) {
+            let _ = writeln!(out, "Checkpoint lead: {why}");
+        }
         if !end.waiting_for.is_empty() {
             let pids: Vec<String> = end.waiting_for.iter().map(ToString::to_string).collect();
             let _ = writeln!(
@@ -134,6 +137,16 @@ pub fn render(s: &HealthSnapshot) -> String {
         }
     }
 
+    if !s.checkpoints.is_empty() {
+        let _ = writeln!(out, "\nCHECKPOINTS");
+        for c in &s.checkpoints {
+            let _ = writeln!(out, "{}: {}", c.notice_id, checkpoint_words(c));
+            for why in &c.not_signalled {
+                let _ = writeln!(out, "  not signalled: {why}");
+            }
+        }
+    }
+
     let _ = writeln!(out, "\nSOURCES");
     for src in &s.sources {
         let _ = writeln!(
@@ -156,6 +169,36 @@ pub fn render(s: &HealthSnapshot) -> String {
         k.records_read, k.records_lost, k.records_matched, k.records_unparsed, k.records_ignored
     );
     out
+}
+
+/// `signalled 2 processes in 1 pod, 2 confirmed in 3.2 s`.
+fn checkpoint_words(c: &crate::model::CheckpointReport) -> String {
+    let plural = |n: u32, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+    let mut words = format!("signalled {}", plural(c.signalled, "process", "processes"));
+    if c.pods > 0 {
+        words.push_str(&format!(" in {}", plural(c.pods, "pod", "pods")));
+    }
+    if let Some(by) = &c.covered_by {
+        words.push_str(&format!(" (covered by {by}: one ending, one signal)"));
+    }
+    if c.signalled > 0 {
+        words.push_str(&format!(", {} confirmed", c.confirmed));
+        if let Some(ms) = c.confirmed_in_ms {
+            words.push_str(&format!(" in {:.1} s", ms as f64 / 1000.0));
+        } else if !c.unconfirmed.is_empty() {
+            let pids: Vec<String> = c.unconfirmed.iter().map(ToString::to_string).collect();
+            words.push_str(&format!(
+                "; unconfirmed at the deadline: {}",
+                pids.join(", ")
+            ));
+        } else {
+            words.push_str(", waiting");
+        }
+    }
+    if c.skipped > 0 {
+        words.push_str(&format!(", {} not signalled", c.skipped));
+    }
+    words
 }
 
 fn state_words(state: &SourceState) -> String {
