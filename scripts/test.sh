@@ -9,6 +9,8 @@
 #   - the pinned cargo tools that build the .deb/.rpm and run the fuzz smoke, into a cache
 #     outside the checkout (GPU_AGENT_TOOLS, default /var/cache/gpu-agent-tests/tools), so a
 #     second run, or a fresh clone on the same machine, installs nothing;
+#   - the real trainers' Python packages (tests/python/requirements.txt: torch, PyTorch
+#     Lightning, gRPC) into a virtual environment in the same cache, keyed by that file;
 # then runs `cargo test --workspace --locked --no-fail-fast` with those tools on PATH.
 # Plain `cargo test --workspace` works too once the tools are installed and on PATH.
 set -euo pipefail
@@ -66,6 +68,27 @@ for pin in "${pins[@]}"; do
   phase "$pin installed"
 done
 rm -rf "$tools/build"
+
+# The real trainers (tests/tests/trainers.rs run torchrun and Lightning jobs under the agent).
+# The registry's torch is the CUDA build: about 5 GB with its nvidia-* wheels, a minute or
+# two to install; it runs on the CPU (gloo). Installed once per requirements file.
+requirements=tests/python/requirements.txt
+venv="$tools/trainers-$(sha256sum "$requirements" | cut -c1-12)"
+if [ ! -e "$venv/.complete" ]; then
+  echo "test.sh: installing the real trainers' Python packages into $venv (torch, Lightning, gRPC; about 5 GB)"
+  rm -rf "$venv"
+  python3 -m venv "$venv" 2>/dev/null || {
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+    python3 -m venv "$venv"
+  }
+  "$venv/bin/pip" install -q --disable-pip-version-check -r "$requirements"
+  touch "$venv/.complete"
+  # Older environments of earlier requirement files.
+  find "$tools" -maxdepth 1 -name 'trainers-*' ! -path "$venv" -exec rm -rf {} +
+  phase "trainer packages installed"
+fi
+export GPU_AGENT_TRAINER_PYTHON="$venv/bin/python"
 
 phase "set-up done; cargo test --workspace"
 cargo test --workspace --locked --no-fail-fast "$@"

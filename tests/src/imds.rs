@@ -175,3 +175,27 @@ async fn handle(
         ),
     }
 }
+
+/// A scheduled-events body with one active system reboot at `not_before` (whole seconds, in
+/// IMDS's own time format: `21 Jan 2019 09:00:43 GMT`).
+pub fn scheduled_reboot(not_before: std::time::SystemTime) -> String {
+    use std::time::{Duration, SystemTime};
+    let secs = not_before
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("after the epoch")
+        .as_secs();
+    let t = crate::trainer::rfc3339(SystemTime::UNIX_EPOCH + Duration::from_secs(secs));
+    let months = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let imds_time = format!(
+        "{} {} {} {} GMT",
+        t[8..10].trim_start_matches('0'),
+        months[t[5..7].parse::<usize>().expect("month") - 1],
+        &t[0..4],
+        &t[11..19]
+    );
+    format!(
+        r#"[{{"NotBefore": "{imds_time}", "Code": "system-reboot", "Description": "scheduled reboot", "EventId": "instance-event-0d59937288b749b32", "NotAfter": "{imds_time}", "State": "active"}}]"#
+    )
+}

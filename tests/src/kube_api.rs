@@ -190,6 +190,17 @@ impl KubeApi {
         }));
     }
 
+    /// Set an annotation on a stored pod (`namespace/name`).
+    pub fn annotate_pod(&self, namespace: &str, name: &str, key: &str, value: &str) {
+        let mut state = self.state.lock().expect("state");
+        let pod = state
+            .pods
+            .iter_mut()
+            .find(|p| p["metadata"]["namespace"] == namespace && p["metadata"]["name"] == name)
+            .expect("no such pod");
+        pod["metadata"]["annotations"][key] = json!(value);
+    }
+
     /// A stored node.
     pub fn node(&self, name: &str) -> Option<Value> {
         self.state.lock().expect("state").nodes.get(name).cloned()

@@ -144,3 +144,45 @@ pub fn rfc3339(t: SystemTime) -> String {
         rem % 60
     )
 }
+
+/// A container's cgroup in a kubepods pod cgroup (v1 `pids` hierarchy, the cgroupfs driver's
+/// layout `kubepods/burstable/pod<uid>/<container id>`), as the kubelet and containerd make
+/// it; its processes are moved out and it is removed when dropped.
+pub struct PodCgroup(PathBuf);
+
+impl PodCgroup {
+    /// Make it; `None` where this machine cannot.
+    pub fn create(uid: &str, container: &str) -> Option<Self> {
+        let dir = PathBuf::from(format!(
+            "/sys/fs/cgroup/pids/kubepods/burstable/pod{uid}/{container}"
+        ));
+        std::fs::create_dir_all(&dir).ok()?;
+        Some(Self(dir))
+    }
+
+    /// Make it and move `pid` into it.
+    pub fn enter(uid: &str, container: &str, pid: u32) -> Option<Self> {
+        let cgroup = Self::create(uid, container)?;
+        std::fs::write(cgroup.procs(), pid.to_string()).ok()?;
+        Some(cgroup)
+    }
+
+    /// Its `cgroup.procs`: a process that writes its PID there moves in (its children follow).
+    pub fn procs(&self) -> PathBuf {
+        self.0.join("cgroup.procs")
+    }
+}
+
+impl Drop for PodCgroup {
+    fn drop(&mut self) {
+        if let Ok(procs) = std::fs::read_to_string(self.procs()) {
+            for pid in procs.lines() {
+                let _ = std::fs::write("/sys/fs/cgroup/pids/cgroup.procs", pid);
+            }
+        }
+        let _ = std::fs::remove_dir(&self.0);
+        if let Some(pod) = self.0.parent() {
+            let _ = std::fs::remove_dir(pod);
+        }
+    }
+}

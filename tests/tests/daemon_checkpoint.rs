@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
-use gpu_agent_e2e::imds::FakeImds;
-use gpu_agent_e2e::trainer::{gpu_device, rfc3339, Trainer};
+use gpu_agent_e2e::imds::{scheduled_reboot, FakeImds};
+use gpu_agent_e2e::trainer::{gpu_device, rfc3339, PodCgroup, Trainer};
 use gpu_agent_e2e::{cli, wait_until as wait, Agent, Host};
 
 /// The daemon under test scans the real /proc. Only the test that exercises the opt-in
@@ -140,25 +140,9 @@ fn scheduled_maintenance_fires_at_deadline_minus_lead() {
         &host.socket(),
     );
     // NotBefore 5 s from now (whole seconds, as IMDS prints them): due 2 s from now.
-    let not_before = SystemTime::now() + Duration::from_secs(5);
-    let secs = not_before
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .expect("epoch")
-        .as_secs();
-    let t = rfc3339(SystemTime::UNIX_EPOCH + Duration::from_secs(secs));
-    let months = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
-    let imds_time = format!(
-        "{} {} {} {} GMT",
-        t[8..10].trim_start_matches('0'),
-        months[t[5..7].parse::<usize>().expect("month") - 1],
-        &t[0..4],
-        &t[11..19]
-    );
     let set_at = Instant::now();
-    imds.set_scheduled(&format!(
-        r#"[{{"NotBefore": "{imds_time}", "Code": "system-reboot", "Description": "scheduled reboot", "EventId": "instance-event-0d59937288b749b32", "NotAfter": "{imds_time}", "State": "active"}}]"#
+    imds.set_scheduled(&scheduled_reboot(
+        SystemTime::now() + Duration::from_secs(5),
     ));
     let s = agent.wait_for(Duration::from_secs(3), |s| {
         s["pending_end"]["kind"] == "scheduled-maintenance"
@@ -493,35 +477,6 @@ fn a_capacity_block_end_fires_at_end_minus_30_minutes_minus_lead_and_iam_errors_
         "{reason}"
     );
     assert!(agent.stop().success());
-}
-
-/// Move `pid` into a container's cgroup in a kubepods pod cgroup (v1 `pids` hierarchy, the
-/// cgroupfs driver's layout `kubepods/burstable/pod<uid>/<container id>`), as the kubelet
-/// and containerd would; removed when dropped.
-struct PodCgroup(PathBuf);
-
-impl PodCgroup {
-    fn enter(uid: &str, container: &str, pid: u32) -> Option<Self> {
-        let pod = PathBuf::from(format!("/sys/fs/cgroup/pids/kubepods/burstable/pod{uid}"));
-        let dir = pod.join(container);
-        std::fs::create_dir_all(&dir).ok()?;
-        std::fs::write(dir.join("cgroup.procs"), pid.to_string()).ok()?;
-        Some(Self(dir))
-    }
-}
-
-impl Drop for PodCgroup {
-    fn drop(&mut self) {
-        if let Ok(procs) = std::fs::read_to_string(self.0.join("cgroup.procs")) {
-            for pid in procs.lines() {
-                let _ = std::fs::write("/sys/fs/cgroup/pids/cgroup.procs", pid);
-            }
-        }
-        let _ = std::fs::remove_dir(&self.0);
-        if let Some(pod) = self.0.parent() {
-            let _ = std::fs::remove_dir(pod);
-        }
-    }
 }
 
 #[test]

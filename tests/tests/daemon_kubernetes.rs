@@ -477,3 +477,45 @@ fn the_exec_credential_plugin_never_stalls_the_daemon_and_one_client_serves_both
     );
     assert!(agent.stop().success());
 }
+
+/// Issue 20, seen from outside: with a far scheduled maintenance pending, a later Spot notice
+/// left InterruptionPending False with the maintenance message (the pending end was the one
+/// with the earliest deadline, not the one acted on first). The heartbeat here is the
+/// default minute: the Spot notice must show long before it.
+#[test]
+fn a_spot_notice_after_a_far_scheduled_maintenance_turns_interruption_pending_at_once() {
+    use gpu_agent_e2e::imds::{scheduled_reboot, FakeImds};
+    let host = Host::new();
+    let imds = FakeImds::start();
+    let api = KubeApi::start(&[NODE]);
+    let config = host.config(&format!(
+        "node_name = \"{NODE}\"\n[kubernetes]\nkubeconfig = {:?}\n\
+         [imds]\nendpoint = {:?}\npoll_interval = \"200ms\"\n\
+         rebalance_interval = \"200ms\"\nscheduled_interval = \"200ms\"\n",
+        api.kubeconfig(host.dir.path()),
+        imds.endpoint()
+    ));
+    let agent = Agent::start(&config, &host.socket());
+    imds.set_scheduled(&scheduled_reboot(
+        std::time::SystemTime::now() + Duration::from_secs(3 * 86_400),
+    ));
+    let reason = |api: &KubeApi| {
+        api.condition(NODE, "InterruptionPending")
+            .map(|c| (c["status"].clone(), c["reason"].clone()))
+    };
+    wait(Duration::from_secs(5), "the far maintenance", || {
+        reason(&api).is_some_and(|(_, r)| r == "ScheduledMaintenanceScheduled")
+    });
+    // A Spot notice is acted on at once whatever its time says; this one's lies after the
+    // maintenance (the pending end was the earliest deadline, not the earliest act).
+    imds.set_spot(Some(
+        r#"{"action": "terminate", "time": "2099-01-01T00:00:00Z"}"#,
+    ));
+    let took = wait(
+        Duration::from_secs(10),
+        "InterruptionPending for the Spot notice",
+        || reason(&api).is_some_and(|(s, r)| s == "True" && r == "SpotPending"),
+    );
+    eprintln!("InterruptionPending True {took:?} after the Spot notice was set");
+    assert!(agent.stop().success());
+}

@@ -29,7 +29,10 @@ const SPOT: &str = r#"{"action": "terminate", "time": "2099-01-01T00:00:00Z"}"#;
 
 /// A process named `kubelet` (its `comm`, from the executable's file name) whose command
 /// line is a kubelet's (`/usr/bin/kubelet ... --hostname-override`).
-struct FakeKubelet(Child, tempfile::TempDir);
+struct FakeKubelet {
+    child: Child,
+    _exe: tempfile::TempDir,
+}
 
 impl FakeKubelet {
     fn start(node: &str) -> Self {
@@ -45,14 +48,14 @@ impl FakeKubelet {
             ))
             .spawn()
             .expect("bash and perl");
-        Self(child, dir)
+        Self { child, _exe: dir }
     }
 }
 
 impl Drop for FakeKubelet {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

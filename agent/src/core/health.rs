@@ -514,17 +514,24 @@ impl HealthModel {
     }
 
     /// The earliest notice that ends the instance, with what was signalled for it.
+    /// The end acted on first: the earliest act time (a Spot notice or a shutdown: now),
+    /// then the earliest deadline. A far scheduled maintenance never hides a Spot notice.
     fn pending_end(&self) -> Option<crate::model::PendingEnd> {
+        let lead_of = |n: &crate::model::Notice| {
+            let configured = self.leads.get(&n.kind).copied().unwrap_or_default();
+            crate::model::notice::effective_lead(configured, self.declared_lead.as_ref())
+        };
         let n = self
             .notices
             .values()
             .flatten()
             .filter(|n| n.kind.ends_instance())
-            .min_by_key(|n| n.deadline)?;
+            .min_by_key(|n| {
+                let act_at = n.act_at(lead_of(n).0).unwrap_or(SystemTime::UNIX_EPOCH);
+                (act_at, n.deadline)
+            })?;
         let report = self.checkpoints.get(&n.id);
-        let configured = self.leads.get(&n.kind).copied().unwrap_or_default();
-        let (lead, lead_from) =
-            crate::model::notice::effective_lead(configured, self.declared_lead.as_ref());
+        let (lead, lead_from) = lead_of(n);
         Some(crate::model::PendingEnd {
             kind: n.kind.name().to_string(),
             deadline: n.deadline,
@@ -1090,6 +1097,49 @@ mod tests {
         m.apply_line(line, t0 + Duration::from_secs(3600));
         let f = m.snapshot(KmsgStats::default()).faults[0].clone();
         assert_eq!((f.class.action, f.escalated), (Action::ResetGpu, None));
+    }
+
+    #[test]
+    fn the_pending_end_is_the_one_acted_on_first() {
+        use crate::model::{Notice, NoticeKind};
+        let mut m = model();
+        m.set_leads([(NoticeKind::ScheduledMaintenance, Duration::from_secs(600))].into());
+        let now = SystemTime::now();
+        let notice = |id: &str, kind, deadline| Notice {
+            id: id.into(),
+            kind,
+            deadline,
+            detail: String::new(),
+            source: SourceKind::Imds,
+        };
+        m.apply(Observation::Notices {
+            source: SourceKind::Imds,
+            notices: vec![notice(
+                "maintenance",
+                NoticeKind::ScheduledMaintenance,
+                now + Duration::from_secs(3 * 86_400),
+            )],
+        });
+        let end = m.snapshot(KmsgStats::default()).pending_end.expect("end");
+        assert_eq!(end.kind, "scheduled-maintenance");
+        // A Spot notice is acted on at once, whatever its own time says.
+        m.apply(Observation::Notices {
+            source: SourceKind::Imds,
+            notices: vec![
+                notice(
+                    "maintenance",
+                    NoticeKind::ScheduledMaintenance,
+                    now + Duration::from_secs(3 * 86_400),
+                ),
+                notice(
+                    "spot",
+                    NoticeKind::Spot,
+                    now + Duration::from_secs(4 * 86_400),
+                ),
+            ],
+        });
+        let end = m.snapshot(KmsgStats::default()).pending_end.expect("end");
+        assert_eq!((end.kind.as_str(), end.act_at), ("spot", None));
     }
 
     mod random_lives {

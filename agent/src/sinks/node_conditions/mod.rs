@@ -248,11 +248,11 @@ pub async fn run(
                 }
                 // The first change after a quiet window is written at once; changes within
                 // the window after a write join the next one (a flood costs one PATCH per
-                // window, the first fault none of it).
-                if due.is_none() {
-                    let now = Instant::now();
-                    due = Some(last_write.map_or(now, |at| (at + settings.debounce).max(now)));
-                }
+                // window, the first fault none of it). A write already planned later (a known
+                // end becoming due hours from now) never holds a change back.
+                let now = Instant::now();
+                let soon = last_write.map_or(now, |at| (at + settings.debounce).max(now));
+                due = Some(due.map_or(soon, |d| d.min(soon)));
                 continue;
             }
             () = tokio::time::sleep_until(wake.into()) => {}
