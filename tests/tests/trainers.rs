@@ -1,6 +1,7 @@
 //! Real trainers under the real agent: a torchrun job of two gloo workers, a PyTorch Lightning
 //! fit, and a torch process that handles no signal, each with the test IMDS and (for the
-//! pods) the test API server; the scripts are `tests/python/`. Torch runs on the CPU; an open
+//! pods) the test API server; and an NVRx-style health-check client. The scripts are
+//! `tests/python/`. Torch runs on the CPU; an open
 //! file under the test's directory stands in for the CUDA context the agent finds GPU
 //! processes by. The Python packages come from `scripts/test.sh`'s tool cache
 //! (`GPU_AGENT_TRAINER_PYTHON`).
@@ -382,6 +383,70 @@ fn a_torch_process_that_handles_nothing_is_not_signalled_and_status_says_why() {
     assert!(text.contains("not signalled: pid"), "{text}");
     std::thread::sleep(Duration::from_secs(1));
     assert!(job.alive(), "it was not killed");
+    assert!(agent.stop().success());
+}
+
+/// An NVRx-style client (grpcio, stubs from the restated proto) asks the agent's node health
+/// check as ft_launcher does before rendezvous: healthy, then unhealthy after a fatal Xid.
+#[test]
+fn an_nvrx_client_hears_healthy_then_unhealthy_after_a_fatal_xid() {
+    use std::os::unix::fs::PermissionsExt;
+    let python = python();
+    let host = Host::new();
+    let imds = FakeImds::start();
+    let socket = host.dir.path().join("nvhcd.sock");
+    let config = agent_config(
+        &host,
+        &imds,
+        None,
+        &format!("[nvrx]\nsocket = {socket:?}\ngroup = \"0\"\n"),
+    );
+    let agent = Agent::start(&config, &host.socket());
+    agent.wait_for(Duration::from_secs(5), |s| {
+        s["sinks"].as_array().is_some_and(|a| {
+            a.iter()
+                .any(|x| x["sink"] == "nvrx-health" && x["state"] == "on")
+        })
+    });
+    let mode = std::fs::metadata(&socket)
+        .expect("socket")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o660, "root's socket, 0660");
+    let ask = || -> Value {
+        let proto = Path::new(env!("CARGO_MANIFEST_DIR")).join("../agent/proto");
+        let out = Command::new(&python)
+            .arg(script("nvhcd_client.py"))
+            .arg(&proto)
+            .arg(&socket)
+            .output()
+            .expect("python");
+        assert!(
+            out.status.success(),
+            "the client failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("JSON")
+    };
+    let healthy = ask();
+    assert_eq!(healthy["success"], true, "{healthy}");
+    assert_eq!(healthy["output"]["fail_count"], 0, "{healthy}");
+
+    let (code, _, err) =
+        gpu_agent_e2e::cli(&["--config", &config.to_string_lossy(), "inject", "xid", "79"]);
+    assert_eq!(code, 0, "{err}");
+    agent.wait_for(Duration::from_secs(5), |s| s["health"] == "fatal");
+    let sick = ask();
+    assert_eq!(
+        (sick["success"].as_bool(), sick["exit_code"].as_i64()),
+        (Some(false), Some(1)),
+        "{sick}"
+    );
+    assert_eq!(sick["output"]["fail_count"], 1, "{sick}");
+    assert!(
+        sick["error"].as_str().is_some_and(|e| e.contains("Xid 79")),
+        "{sick}"
+    );
     assert!(agent.stop().success());
 }
 

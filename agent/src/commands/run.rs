@@ -144,6 +144,20 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
     if config.kubernetes.enabled {
         tracing::info!(reason = NOT_BUILT_IN, "Kubernetes sink is off.");
     }
+    if !config.nvrx.socket.as_os_str().is_empty() {
+        #[cfg(feature = "clients")]
+        tokio::spawn(crate::sinks::nvrx::run(
+            crate::sinks::nvrx::Settings {
+                socket: config.nvrx.socket.clone(),
+                group: Some(config.nvrx.group.clone()).filter(|g| !g.is_empty()),
+            },
+            snapshots.clone(),
+            sink_tx.clone(),
+            shutdown.clone(),
+        ));
+        #[cfg(not(feature = "clients"))]
+        tracing::info!(reason = NOT_BUILT_IN, "NVRx health-check endpoint is off.");
+    }
     // One Kubernetes connection for both sinks, built on first use.
     #[cfg(feature = "clients")]
     let kubernetes = config.kubernetes.enabled.then(|| {

@@ -95,6 +95,20 @@ pub struct Config {
     pub ec2: Ec2Config,
     /// systemd-logind (host shutdown).
     pub logind: LogindConfig,
+    /// The NVIDIA Resiliency Extension node health-check endpoint.
+    pub nvrx: NvrxConfig,
+}
+
+/// `[nvrx]`: NVRx's node health check (`ft_launcher --ft-node-health-check-endpoint
+/// unix://<socket>`), answered from the health model.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NvrxConfig {
+    /// The Unix socket to serve `nvhcd.HealthCheckService` on; empty: off.
+    pub socket: PathBuf,
+    /// The group (name or number) that may call it besides root (the socket is 0660);
+    /// empty: root's group.
+    pub group: String,
 }
 
 /// `[checkpoint]`: signal the training processes before the instance goes.
@@ -490,6 +504,7 @@ impl Default for Config {
             imds: ImdsConfig::default(),
             ec2: Ec2Config::default(),
             logind: LogindConfig::default(),
+            nvrx: NvrxConfig::default(),
         }
     }
 }

@@ -10,6 +10,8 @@ pub mod metrics;
 #[cfg(feature = "clients")]
 pub mod node_conditions;
 #[cfg(feature = "clients")]
+pub mod nvrx;
+#[cfg(feature = "clients")]
 pub mod pod_events;
 #[cfg(feature = "clients")]
 pub mod pod_resources;

@@ -105,6 +105,7 @@ impl Declared {
 pub type ByPod = HashMap<String, Declared>;
 
 /// The longest lead declared, and by which pod.
+#[cfg_attr(not(feature = "clients"), allow(dead_code))]
 pub fn longest_lead(declared: &ByPod) -> Option<(Duration, String)> {
     declared
         .values()

@@ -52,7 +52,7 @@ const MAX_REQUEST: u64 = 4096;
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     /// The socket's directory could not be created.
-    #[error("cannot create status socket directory {path}: {source}")]
+    #[error("cannot create socket directory {path}: {source}")]
     CreateDir {
         /// The directory.
         path: PathBuf,
@@ -60,13 +60,13 @@ pub enum ServerError {
         source: std::io::Error,
     },
     /// Another daemon answers on the socket.
-    #[error("status socket {path} is in use by another running gpu-agent")]
+    #[error("socket {path} is in use by another running gpu-agent")]
     InUse {
         /// The socket.
         path: PathBuf,
     },
     /// Binding failed.
-    #[error("cannot bind status socket {path}: {source}")]
+    #[error("cannot bind socket {path}: {source}")]
     Bind {
         /// The socket.
         path: PathBuf,
@@ -75,11 +75,22 @@ pub enum ServerError {
     },
 }
 
-/// A bound status socket, removed when dropped.
+/// A bound Unix socket (the status socket, the NVRx health-check socket), removed when
+/// dropped.
 #[derive(Debug)]
 pub struct Listener {
     listener: UnixListener,
-    path: PathBuf,
+    path: RemoveOnDrop,
+}
+
+/// A socket path removed when dropped.
+#[derive(Debug)]
+pub struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 impl Listener {
@@ -108,14 +119,13 @@ impl Listener {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(bind_err)?;
         Ok(Self {
             listener,
-            path: path.to_path_buf(),
+            path: RemoveOnDrop(path.to_path_buf()),
         })
     }
-}
 
-impl Drop for Listener {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+    /// The listening socket, and the guard that removes its path.
+    pub fn into_parts(self) -> (UnixListener, RemoveOnDrop) {
+        (self.listener, self.path)
     }
 }
 

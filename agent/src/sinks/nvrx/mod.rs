@@ -1,0 +1,230 @@
+//! NVIDIA Resiliency Extension's node health check, answered from the health model:
+//! `nvhcd.HealthCheckService/RunHealthCheck` on a Unix socket, as NVRx's `ft_launcher
+//! --ft-node-health-check-endpoint unix://<socket>` calls it before rendezvous. A node with a
+//! fatal GPU fault, or whose end is being acted on (`InterruptionPending` True), answers
+//! unhealthy, so the launcher leaves it out of the next rendezvous. Off unless `[nvrx]
+//! socket` is set; the socket is root's, mode 0660, with `[nvrx] group`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use tokio::sync::{mpsc, watch};
+
+use crate::model::{HealthSnapshot, Observation, Severity, SinkStatus, SourceState};
+use crate::shutdown::Shutdown;
+
+mod authority;
+
+/// The generated service (agent/proto/nvhcd/nvhcd.proto).
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod pb {
+    tonic::include_proto!("nvhcd");
+}
+
+use pb::health_check_service_server::{HealthCheckService, HealthCheckServiceServer};
+use pb::{HealthCheckRequest, HealthCheckResponse};
+
+/// The name `status` shows.
+const SINK: &str = "nvrx-health";
+
+/// What the endpoint needs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The socket.
+    pub socket: PathBuf,
+    /// The group that may call it (besides root); `None`: root's group.
+    pub group: Option<String>,
+}
+
+/// The verdict for `snapshot` at `now`: unhealthy with a fatal fault or an end being acted
+/// on; `output` is the JSON NVRx reads (`fail_count`, and what failed).
+pub fn verdict(snapshot: &HealthSnapshot, now: SystemTime) -> HealthCheckResponse {
+    let mut failures: Vec<String> = snapshot
+        .faults
+        .iter()
+        .filter(|f| f.class.severity == Severity::Fatal)
+        .map(|f| format!("{}: {} ({})", f.label(), f.class.name, f.class.action))
+        .collect();
+    if let Some(end) = snapshot.pending_end.as_ref().filter(|e| e.due(now)) {
+        failures.push(format!(
+            "{} end at {}: {}",
+            end.kind,
+            crate::model::time::rfc3339(end.deadline),
+            end.detail
+        ));
+    }
+    let output = serde_json::json!({
+        "fail_count": failures.len(),
+        "failures": failures,
+        "node": snapshot.node_name,
+    });
+    let healthy = failures.is_empty();
+    HealthCheckResponse {
+        success: healthy,
+        exit_code: i32::from(!healthy),
+        output: output.to_string(),
+        error: if healthy {
+            String::new()
+        } else {
+            format!("gpu-agent: node unfit for a job: {}", failures.join("; "))
+        },
+    }
+}
+
+/// The service: the latest snapshot's verdict.
+struct Answer {
+    snapshots: watch::Receiver<Arc<HealthSnapshot>>,
+}
+
+#[tonic::async_trait]
+impl HealthCheckService for Answer {
+    async fn run_health_check(
+        &self,
+        request: tonic::Request<HealthCheckRequest>,
+    ) -> Result<tonic::Response<HealthCheckResponse>, tonic::Status> {
+        let snapshot = Arc::clone(&self.snapshots.borrow());
+        let answer = verdict(&snapshot, SystemTime::now());
+        tracing::info!(args = ?request.get_ref().args, healthy = answer.success, "NVRx health check answered.");
+        Ok(tonic::Response::new(answer))
+    }
+}
+
+/// The gid of group `name` (or a number), from `<root>/etc/group`.
+fn gid(name: &str, group_file: &std::path::Path) -> Option<u32> {
+    if let Ok(gid) = name.parse() {
+        return Some(gid);
+    }
+    std::fs::read_to_string(group_file)
+        .ok()?
+        .lines()
+        .find_map(|line| {
+            let mut fields = line.split(':');
+            (fields.next() == Some(name))
+                .then(|| fields.nth(1).and_then(|g| g.parse().ok()))
+                .flatten()
+        })
+}
+
+/// Serve until shutdown; the sink's state goes to `status`.
+pub async fn run(
+    settings: Settings,
+    snapshots: watch::Receiver<Arc<HealthSnapshot>>,
+    reports: mpsc::Sender<Observation>,
+    mut shutdown: Shutdown,
+) {
+    let report = |state| {
+        let reports = reports.clone();
+        async move {
+            let _ = reports
+                .send(Observation::Sink(SinkStatus {
+                    sink: SINK.into(),
+                    state,
+                }))
+                .await;
+        }
+    };
+    let listener = match super::status::Listener::bind(&settings.socket).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(error = %e, "NVRx health-check endpoint is off.");
+            report(SourceState::Failed(e.to_string())).await;
+            return;
+        }
+    };
+    if let Some(group) = &settings.group {
+        let owned = gid(group, std::path::Path::new("/etc/group"))
+            .ok_or_else(|| format!("no group {group:?}"))
+            .and_then(|gid| {
+                std::os::unix::fs::chown(&settings.socket, None, Some(gid))
+                    .map_err(|e| e.to_string())
+            });
+        if let Err(e) = owned {
+            tracing::warn!(socket = %settings.socket.display(), error = %e, "Cannot give the NVRx health-check socket its group; only root may call it.");
+        }
+    }
+    tracing::info!(socket = %settings.socket.display(), "Serving NVRx node health checks.");
+    report(SourceState::On).await;
+    let (listener, _remove) = listener.into_parts();
+    // Each client connection goes through the :authority shim to the server's end of a
+    // socket pair.
+    let (connections, incoming) = mpsc::channel::<std::io::Result<tokio::net::UnixStream>>(8);
+    let mut stop = shutdown.clone();
+    tokio::spawn(async move {
+        loop {
+            let client = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((client, _)) => client,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "NVRx health-check accept failed.");
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+                () = stop.wait() => return,
+            };
+            match tokio::net::UnixStream::pair() {
+                Ok((shim, server)) => {
+                    if connections.send(Ok(server)).await.is_err() {
+                        return;
+                    }
+                    tokio::spawn(authority::relay(client, shim));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "Cannot open a socket pair for a health check.")
+                }
+            }
+        }
+    });
+    let served = tonic::transport::Server::builder()
+        .serve_with_incoming_shutdown(
+            HealthCheckServiceServer::new(Answer { snapshots }),
+            tokio_stream::wrappers::ReceiverStream::new(incoming),
+            shutdown.wait(),
+        )
+        .await;
+    if let Err(e) = served {
+        tracing::warn!(error = %e, "NVRx health-check endpoint stopped.");
+        report(SourceState::Failed(e.to_string())).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::HealthModel;
+    use crate::model::KmsgStats;
+
+    #[test]
+    fn healthy_until_a_fatal_fault() {
+        let mut model = HealthModel::for_test();
+        let healthy = verdict(&model.snapshot(KmsgStats::default()), SystemTime::now());
+        assert!(healthy.success && healthy.exit_code == 0 && healthy.error.is_empty());
+        let output: serde_json::Value = serde_json::from_str(&healthy.output).expect("json");
+        assert_eq!(output["fail_count"], 0);
+        model.apply_line(
+            "NVRM: Xid (PCI:0000:3b:00): 13, Graphics Exception",
+            SystemTime::now(),
+        );
+        assert!(verdict(&model.snapshot(KmsgStats::default()), SystemTime::now()).success);
+        model.apply_line(
+            "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.",
+            SystemTime::now(),
+        );
+        let sick = verdict(&model.snapshot(KmsgStats::default()), SystemTime::now());
+        assert!(!sick.success && sick.exit_code == 1);
+        assert!(sick.error.contains("Xid 79"), "{}", sick.error);
+        let output: serde_json::Value = serde_json::from_str(&sick.output).expect("json");
+        assert_eq!(output["fail_count"], 1);
+    }
+
+    #[test]
+    fn groups_by_name_or_number() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("group");
+        std::fs::write(&file, "root:x:0:\nnvrx:x:1234:alice\n").expect("group");
+        assert_eq!(gid("nvrx", &file), Some(1234));
+        assert_eq!(gid("77", &file), Some(77));
+        assert_eq!(gid("nobody", &file), None);
+    }
+}
