@@ -10,6 +10,11 @@ It also checks gpu-agent's notice file each step (/run/gpu-agent/notice.json, pr
 while an ending is pending): a job that polls (rank 0 only, Ray, Metaflow-style loops) needs
 no signal handler at all. Either path checkpoints once: the file names the ending by id.
 
+After the checkpoint it tells gpu-agent: "done" (here, the checkpoint's path) in
+/run/gpu-agent/ack/<its pid>, which `gpu-agent status` and the pod's Events count as
+confirmed. In Kubernetes, choose the signal on the pod:
+`gpu-agent.io/checkpoint-signal: SIGUSR1`.
+
 Run it (no GPU needed for the demo):  python3 examples/trainer.py --steps 1000
 Test the handler without a real notice:  sudo gpu-agent drill checkpoint
 """
@@ -21,6 +26,7 @@ import time
 
 checkpoint_requested = False
 NOTICE_FILE = "/run/gpu-agent/notice.json"
+ACK_DIR = "/run/gpu-agent/ack"
 
 
 def pending_ending(path=NOTICE_FILE):
@@ -28,8 +34,19 @@ def pending_ending(path=NOTICE_FILE):
     try:
         with open(path) as f:
             return json.load(f)
-    except (FileNotFoundError, json.JSONDecodeError):
+    except (FileNotFoundError, PermissionError, json.JSONDecodeError):
+        # Absent: nothing pending. Unreadable (a permission error: the agent's directory is
+        # not shared with this container, or a stricter umask): the signal still comes.
         return None
+
+
+def acknowledge(path, ack_dir=ACK_DIR):
+    """Tell gpu-agent the checkpoint is taken (it counts a confirmation); best effort."""
+    try:
+        with open(os.path.join(ack_dir, str(os.getpid())), "w") as f:
+            f.write(path + "\n")
+    except OSError as e:
+        print(f"cannot acknowledge the checkpoint to gpu-agent: {e}", flush=True)
 
 
 def request_checkpoint(signum, frame):
@@ -81,6 +98,7 @@ def main():
             checkpoint_requested = True
         if checkpoint_requested:
             save_checkpoint(args.checkpoint, step, state)
+            acknowledge(os.path.abspath(args.checkpoint))
             checkpoint_requested = False
             if args.exit_after_checkpoint:
                 return
