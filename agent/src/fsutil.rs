@@ -14,21 +14,33 @@ pub struct WriteError {
 }
 
 /// Write `value` as pretty JSON (with a final newline) through [`write_atomic`], creating the
-/// directory first. The error names the file.
-pub fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), String> {
+/// directory first; with `mode`, the file has that mode from the moment it appears (never
+/// the process umask's). The error names the file.
+pub fn write_json(
+    path: &Path,
+    value: &impl serde::Serialize,
+    mode: Option<u32>,
+) -> Result<(), String> {
     let mut body =
         serde_json::to_vec_pretty(value).map_err(|e| format!("{}: {e}", path.display()))?;
     body.push(b'\n');
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
-    write_atomic(path, &body).map_err(|e| e.to_string())
+    write_atomic_mode(path, &body, mode).map_err(|e| e.to_string())
 }
 
 /// Replace `path` with `contents` atomically: write a temporary sibling, fsync it, keep the
 /// old file as `<path>.bak`, rename the new one into place and fsync the directory. A crash
 /// at any point leaves either the old or the new file, never a mix.
 pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), WriteError> {
+    write_atomic_mode(path, contents, None)
+}
+
+/// [`write_atomic`], the temporary file set to `mode` (if given) before it is renamed into
+/// place.
+fn write_atomic_mode(path: &Path, contents: &[u8], mode: Option<u32>) -> Result<(), WriteError> {
+    use std::os::unix::fs::PermissionsExt;
     let err = |path: &Path| {
         let path = path.to_path_buf();
         move |source| WriteError { path, source }
@@ -41,6 +53,10 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), WriteError> {
     let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
     let result = (|| {
         let mut file = std::fs::File::create(&tmp).map_err(err(&tmp))?;
+        if let Some(mode) = mode {
+            file.set_permissions(std::fs::Permissions::from_mode(mode))
+                .map_err(err(&tmp))?;
+        }
         file.write_all(contents).map_err(err(&tmp))?;
         file.sync_all().map_err(err(&tmp))?;
         if path.exists() {

@@ -563,3 +563,47 @@ fn a_target_in_a_pod_gets_an_event_and_cordon_is_opt_in() {
     });
     assert!(agent.stop().success());
 }
+
+/// Issue 22: the notice file must survive an agent restart during an ending (trainers that
+/// poll it would see the ending vanish), and go once the ending does.
+#[test]
+fn the_notice_file_survives_an_agent_restart_during_an_ending() {
+    let host = Host::new();
+    let imds = FakeImds::start();
+    let gpu = gpu_device(host.dir.path(), "nvidia5");
+    let trainer = Trainer::start(host.dir.path(), "handler", "usr1", Some(&gpu), &[]);
+    let notice_file = host.dir.path().join("run/notice.json");
+    let config = config(&host, &imds, &format!("notice_file = {notice_file:?}\n"));
+    let agent = Agent::start(&config, &host.socket());
+    let deadline = rfc3339(SystemTime::now() + Duration::from_secs(120));
+    imds.set_spot(Some(&format!(
+        r#"{{"action": "terminate", "time": "{deadline}"}}"#
+    )));
+    wait(Duration::from_secs(5), "the notice file", || {
+        notice_file.exists()
+    });
+    let before = std::fs::read_to_string(&notice_file).expect("read");
+    assert!(agent.stop().success());
+    assert!(notice_file.exists(), "a stopped agent leaves the ending");
+
+    let agent = Agent::start(&config, &host.socket());
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(3) {
+        assert!(
+            notice_file.exists(),
+            "the notice file vanished during the restart"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let after = std::fs::read_to_string(&notice_file).expect("read");
+    let id =
+        |text: &str| serde_json::from_str::<serde_json::Value>(text).expect("json")["id"].clone();
+    assert_eq!(id(&after), id(&before), "the same ending");
+    assert_eq!(trainer.signals(), ["SIGUSR1"], "not signalled again");
+
+    imds.set_spot(None);
+    wait(Duration::from_secs(15), "the notice file removed", || {
+        !notice_file.exists()
+    });
+    assert!(agent.stop().success());
+}

@@ -67,7 +67,7 @@ fn rpm_has_the_files_config_and_scriptlets() {
         "/etc/gpu-agent/config.toml",
         "/usr/lib/systemd/system/gpu-agent.service",
         "/usr/lib/systemd/system/gpu-agent-kubelet-config.service",
-        "/usr/lib/systemd/logind.conf.d/gpu-agent.conf",
+        "/usr/lib/systemd/logind.conf.d/50-gpu-agent.conf",
         "/usr/share/doc/gpu-agent/README.md",
         "/usr/share/licenses/gpu-agent/LICENSE",
     ] {

@@ -80,6 +80,8 @@ fn unit_contract() {
         "Restart=on-failure",
         "ExecStart=/usr/bin/gpu-agent run",
         "StateDirectory=gpu-agent",
+        // The notice file and acks must survive a restart of the agent (issue 22).
+        "RuntimeDirectoryPreserve=yes",
     ] {
         assert!(daemon.contains(line), "gpu-agent.service lacks {line}");
     }
@@ -95,9 +97,42 @@ fn unit_contract() {
             "gpu-agent-kubelet-config.service lacks {line}"
         );
     }
-    let logind =
-        std::fs::read_to_string(unit_dir().join("logind.conf.d/gpu-agent.conf")).expect("drop-in");
+    let logind = std::fs::read_to_string(unit_dir().join("logind.conf.d/50-gpu-agent.conf"))
+        .expect("drop-in");
     assert!(logind.contains("[Login]") && logind.contains("InhibitDelayMaxSec="));
+}
+
+/// Issue 22: the package's logind drop-in sorted after the kubelet's `99-kubelet.conf`
+/// (graceful node shutdown) and lowered its `InhibitDelayMaxSec`. logind's own merge order,
+/// as `systemd-analyze cat-config` shows it, must let the kubelet's value win.
+#[test]
+fn the_logind_drop_in_never_lowers_the_kubelets_shutdown_grace_period() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let ours = root.path().join("usr/lib/systemd/logind.conf.d");
+    let kubelet = root.path().join("etc/systemd/logind.conf.d");
+    std::fs::create_dir_all(&ours).expect("dir");
+    std::fs::create_dir_all(&kubelet).expect("dir");
+    std::fs::copy(
+        unit_dir().join("logind.conf.d/50-gpu-agent.conf"),
+        ours.join("50-gpu-agent.conf"),
+    )
+    .expect("copy");
+    std::fs::write(
+        kubelet.join("99-kubelet.conf"),
+        "[Login]\nInhibitDelayMaxSec=300\n",
+    )
+    .expect("kubelet drop-in");
+    let merged = gpu_agent_e2e::run_ok(
+        Command::new("systemd-analyze")
+            .arg(format!("--root={}", root.path().display()))
+            .args(["cat-config", "systemd/logind.conf"]),
+        "systemd-analyze (Debian package systemd)",
+    );
+    let effective = merged
+        .lines()
+        .filter_map(|l| l.strip_prefix("InhibitDelayMaxSec="))
+        .last();
+    assert_eq!(effective, Some("300"), "{merged}");
 }
 
 /// Every `gpu_agent_*` metric the alert rules and the dashboard use is one the daemon serves.

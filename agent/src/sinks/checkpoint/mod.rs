@@ -255,6 +255,9 @@ const DECLARATIONS_LIMIT: Duration = Duration::from_secs(2);
 /// While a notice waits for its time, the declarations are read again this often (pods
 /// come and go).
 const DECLARATIONS_WHILE_WAITING: Duration = Duration::from_secs(60);
+/// How long a notice file left by an earlier run is kept while no ending is known (the
+/// notice sources' first polls after a restart).
+const INHERITED_NOTICE_GRACE: Duration = Duration::from_secs(10);
 /// Declarations older than this are read again right before acting.
 const DECLARATIONS_FOR_ACTING: Duration = Duration::from_secs(5);
 
@@ -363,7 +366,15 @@ pub async fn run(
 ) {
     let mut record = Record::load(&settings.state_file);
     let mut first_seen: HashMap<String, Instant> = HashMap::new();
-    let mut written: Option<String> = None;
+    // A notice file an earlier run left (the agent restarted during an ending) stays while
+    // the notice sources take their first polls: the ending may well still be pending.
+    let mut written: Option<String> = settings
+        .notice_file
+        .as_deref()
+        .and_then(notice_file::key_on_disk);
+    let mut inherited_until = written
+        .as_ref()
+        .map(|_| Instant::now() + INHERITED_NOTICE_GRACE);
     let mut declarations = Declarations::default();
     if let Some(dir) = &settings.ack_dir {
         let dir = dir.clone();
@@ -419,7 +430,22 @@ pub async fn run(
             metrics.latency.observe(due_since.as_secs_f64());
         }
         if let Some(path) = &settings.notice_file {
-            update_notice_file(path, &settings, &snapshot, &record, &mut written).await;
+            if inherited_until.is_some_and(|t| Instant::now() >= t) {
+                inherited_until = None;
+            }
+            update_notice_file(
+                path,
+                &settings,
+                &snapshot,
+                &record,
+                &mut written,
+                inherited_until.is_some(),
+            )
+            .await;
+            if let Some(t) = inherited_until {
+                let wait = t.saturating_duration_since(Instant::now());
+                next = Some(next.map_or(wait, |n| n.min(wait)));
+            }
         }
         let sleep = next.unwrap_or(Duration::from_secs(3600));
         tokio::select! {
@@ -588,21 +614,32 @@ async fn act(
     }
 }
 
-/// Keep `path` in line with the earliest ending acted on (absent when there is none).
+/// Keep `path` in line with the earliest ending acted on (absent when there is none; one an
+/// earlier run left stays while `keep_inherited` and no ending is known).
 async fn update_notice_file(
     path: &std::path::Path,
     settings: &Settings,
     snapshot: &HealthSnapshot,
     record: &Record,
     written: &mut Option<String>,
+    keep_inherited: bool,
 ) {
     let ending = snapshot
         .notices
         .iter()
         .filter(|n| n.kind.ends_instance() && record.done(&n.id))
         .min_by_key(|n| n.deadline);
-    let key = ending.map(|n| format!("{}|{:?}", n.id, n.deadline));
+    let key = ending.map(|n| {
+        let unix = n
+            .deadline
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        format!("{}|{unix}", n.id)
+    });
     if key == *written {
+        return;
+    }
+    if key.is_none() && keep_inherited {
         return;
     }
     let contents = ending.map(|n| {

@@ -61,15 +61,33 @@ impl Contents {
     }
 }
 
+/// The `id|deadline_unix` of the ending a file left by an earlier run names, if any.
+pub fn key_on_disk(path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let value: serde_json::Value = serde_json::from_str(&text).ok()?;
+    Some(format!(
+        "{}|{}",
+        value["id"].as_str()?,
+        value["deadline_unix"].as_u64()?
+    ))
+}
+
 /// Write `contents` to `path` (0644, atomically), or remove the file for `None`. Blocking:
 /// call it on the blocking pool.
 pub fn write(path: &Path, contents: Option<&Contents>) {
     use std::os::unix::fs::PermissionsExt;
     let result = match contents {
-        Some(c) => crate::fsutil::write_json(path, c).and_then(|()| {
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
-                .map_err(|e| e.to_string())
-        }),
+        Some(c) => {
+            // A directory the agent makes is readable by trainers (the agent's umask is 0077).
+            if let Some(dir) = path.parent().filter(|d| !d.exists()) {
+                let _ = std::fs::create_dir_all(dir).and_then(|()| {
+                    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
+                });
+            }
+            // 0644 from the moment it appears: a trainer polling for it never meets a file it
+            // cannot read.
+            crate::fsutil::write_json(path, c, Some(0o644))
+        }
         // The atomic write keeps the previous version beside it: that goes too, first, so
         // once the file is gone no copy of the ending is left.
         None => [crate::fsutil::backup_path(path), path.to_path_buf()]

@@ -67,7 +67,7 @@ impl Record {
 
     /// Save to `path` atomically (blocking: call it on the blocking pool).
     pub fn save(&self, path: &Path) {
-        if let Err(e) = crate::fsutil::write_json(path, self) {
+        if let Err(e) = crate::fsutil::write_json(path, self, None) {
             tracing::warn!(error = %e, "Cannot remember signalled notices; a restart may signal one again.");
         }
     }
