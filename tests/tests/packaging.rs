@@ -131,7 +131,7 @@ fn the_logind_drop_in_never_lowers_the_kubelets_shutdown_grace_period() {
     let effective = merged
         .lines()
         .filter_map(|l| l.strip_prefix("InhibitDelayMaxSec="))
-        .last();
+        .next_back();
     assert_eq!(effective, Some("300"), "{merged}");
 }
 
