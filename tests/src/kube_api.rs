@@ -201,6 +201,11 @@ impl KubeApi {
         pod["metadata"]["annotations"][key] = json!(value);
     }
 
+    /// Drop every stored Event, as the API server's Event TTL (an hour by default) does.
+    pub fn expire_events(&self) {
+        self.state.lock().expect("state").events.clear();
+    }
+
     /// A stored node.
     pub fn node(&self, name: &str) -> Option<Value> {
         self.state.lock().expect("state").nodes.get(name).cloned()

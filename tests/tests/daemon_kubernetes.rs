@@ -519,3 +519,36 @@ fn a_spot_notice_after_a_far_scheduled_maintenance_turns_interruption_pending_at
     eprintln!("InterruptionPending True {took:?} after the Spot notice was set");
     assert!(agent.stop().success());
 }
+
+/// Issue 22: a Node Event that expired on the API server (update answers 404) left the
+/// Kubernetes sink failed; it is created again.
+#[test]
+fn an_expired_node_event_is_created_again() {
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    let agent = Agent::start(&host.config(&k8s_config(&host, &api, "")), &host.socket());
+    let line = format!(
+        "NVRM: Xid (PCI:{}): 13, pid=1, name=python3, Graphics Exception",
+        host.gpu_bdf(2)
+    );
+    let xid13 = |api: &KubeApi, count: u64| {
+        api.events().iter().any(|e| {
+            e["involvedObject"]["kind"] == "Node"
+                && e["message"].as_str().is_some_and(|m| m.contains("Xid 13"))
+                && e["count"] == count
+        })
+    };
+    inject(&line);
+    wait(Duration::from_secs(5), "the Node Event", || xid13(&api, 1));
+    api.expire_events();
+    // Updates of one Event come at most every 10 s.
+    std::thread::sleep(Duration::from_millis(10_500));
+    inject(&line);
+    wait(
+        Duration::from_secs(10),
+        "the Node Event created again",
+        || xid13(&api, 2),
+    );
+    assert_eq!(sink_state(&agent)["state"], "on", "{}", sink_state(&agent));
+    assert!(agent.stop().success());
+}

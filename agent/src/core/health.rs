@@ -424,11 +424,27 @@ impl HealthModel {
         let key = (report.component, report.code);
         if let Some(fault) = self.faults.get_mut(&key) {
             // One occurrence seen by two paths (the kernel log and NVML's Xid events) is one.
+            // NVML's event carries only the code; the kernel log's line is decoded (NVLink5
+            // unit and severity, Xid 154's recovery action): its verdict stands, whichever
+            // path came first.
             let apart = report
                 .at
                 .duration_since(fault.last_seen)
                 .unwrap_or_else(|e| e.duration());
             if fault.source != report.source && apart <= SAME_OCCURRENCE {
+                if report.source == SourceKind::Kmsg && fault.class != report.class {
+                    let escalated = fault.escalated.is_some().then_some(fault.class.action);
+                    let worse = report.class.severity > fault.class.severity;
+                    fault.class = report.class;
+                    if let Some(action) = escalated {
+                        fault.class.action = fault.class.action.max(action);
+                    }
+                    fault.detail = report.detail;
+                    if worse {
+                        log_new(fault);
+                    }
+                    self.track_recurrence(key, report.at);
+                }
                 return;
             }
             fault.count += 1;
@@ -1140,6 +1156,45 @@ mod tests {
         });
         let end = m.snapshot(KmsgStats::default()).pending_end.expect("end");
         assert_eq!((end.kind.as_str(), end.act_at), ("spot", None));
+    }
+
+    /// Issue 22: NVML's Xid event (code only) arriving before the kernel-log line dropped
+    /// the line's decoded verdict: a fatal NVLink5 error stayed a warning.
+    #[test]
+    fn the_kernel_logs_decoded_verdict_stands_when_nvml_came_first() {
+        let mut m = model();
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let pci = pci("0000:18:00.0");
+        m.apply(Observation::Fault(crate::sources::nvml::events::report(
+            pci,
+            149,
+            crate::catalog::DriverBranch::Unknown,
+            at,
+        )));
+        let first = m.snapshot(KmsgStats::default()).faults[0].clone();
+        assert_eq!(
+            first.class.severity,
+            Severity::Warning,
+            "NVML knows only the code"
+        );
+        m.apply_line(
+            "NVRM: Xid (PCI:0000:18:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 04 (0x004505c6 0x00000000 0x00000000)",
+            at + Duration::from_secs(1),
+        );
+        let faults = m.snapshot(KmsgStats::default()).faults;
+        assert_eq!(faults.len(), 1, "one occurrence");
+        assert_eq!(faults[0].count, 1);
+        assert_eq!(
+            faults[0].class.severity,
+            Severity::Fatal,
+            "{:?}",
+            faults[0].class
+        );
+        assert!(
+            faults[0].detail.contains("NETIR_LINK_EVT"),
+            "{}",
+            faults[0].detail
+        );
     }
 
     mod random_lives {

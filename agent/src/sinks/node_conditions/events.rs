@@ -33,6 +33,9 @@ pub enum EventWrite {
         name: String,
         /// Merge patch.
         body: serde_json::Value,
+        /// The whole Event, to create it again if it expired (the API server keeps Events
+        /// for an hour by default: an update then answers 404).
+        full: serde_json::Value,
         /// The fault's count.
         count: u64,
     },
@@ -83,9 +86,8 @@ impl Posted {
                 f.class.action,
                 f.detail
             );
-            match self.sent.get(&name) {
-                None => out.push(EventWrite::Create {
-                    body: serde_json::json!({
+            let full = || {
+                serde_json::json!({
                         "apiVersion": "v1",
                         "kind": "Event",
                         "metadata": { "name": name, "namespace": "default" },
@@ -99,13 +101,20 @@ impl Posted {
                         "source": { "component": "gpu-agent", "host": node },
                         "reportingComponent": "gpu-agent",
                         "reportingInstance": node,
-                    }),
+                })
+            };
+            match self.sent.get(&name) {
+                None => out.push(EventWrite::Create {
+                    body: full(),
                     name,
                     count: f.count,
                 }),
-                Some((count, at)) if f.count > *count && now.duration_since(*at) >= UPDATE_EVERY => {
+                Some((count, at))
+                    if f.count > *count && now.duration_since(*at) >= UPDATE_EVERY =>
+                {
                     out.push(EventWrite::Update {
                         body: serde_json::json!({ "count": f.count, "lastTimestamp": last, "message": message }),
+                        full: full(),
                         name,
                         count: f.count,
                     });

@@ -191,7 +191,15 @@ impl Writer {
                         other => other,
                     }
                 }
-                events::EventWrite::Update { name, body, .. } => api.patch_event(name, body).await,
+                events::EventWrite::Update {
+                    name, body, full, ..
+                } => {
+                    match api.patch_event(name, body).await {
+                        // Expired (Events live an hour by default): create it again.
+                        Err(e) if e.code() == Some(404) => api.create_event(full).await,
+                        other => other,
+                    }
+                }
             };
             result?;
             let count = match &write {
