@@ -80,6 +80,7 @@ fn parse_throughput() {
                 branch: DriverBranch::Unknown,
                 boot_time: Some(SystemTime::now()),
                 accept_userspace: true,
+                drill_key: None,
             };
             let mut reader = kmsg::RecordReader::new(settings, counters);
             for line in &lines {

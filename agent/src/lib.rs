@@ -19,6 +19,7 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod core;
+pub mod drill;
 pub mod fsutil;
 pub mod host;
 pub mod kubelet_config;

@@ -377,3 +377,55 @@ fn a_forged_userspace_line_is_ignored_and_a_drill_is_accepted() {
     assert_eq!(s["health"], "fatal");
     assert!(agent.stop().success());
 }
+
+/// Issue 22: the drill mark was a fixed string any userspace writer could append. Now it is
+/// keyed per boot (a root-only file in the state dir): the old mark, an altered drill line
+/// and a replayed one are ignored; drills never escalate and are gone at the next boot.
+#[test]
+fn the_drill_mark_cannot_be_forged_altered_or_replayed() {
+    let host = Host::new();
+    let config = host.config("[kmsg]\naccept_userspace = false\n");
+    let agent = Agent::start(&config, &host.socket());
+    let ignored = |s: &Value| s["kmsg"]["records_ignored"].as_u64().unwrap_or(0);
+    let before = ignored(&agent.snapshot().expect("snapshot"));
+    // The old fixed mark.
+    inject(&format!(
+        "NVRM: Xid (PCI:{}): 79, pid=1, name=x, GPU has fallen off the bus. (injected by gpu-agent)",
+        host.gpu_bdf(3)
+    ));
+    agent.wait_for(Duration::from_secs(5), |s| ignored(s) > before);
+    // A genuine drill of Xid 48, then the same line with another code, then the same line.
+    let pci = format!("{}.0", host.gpu_bdf(3));
+    let (code, out, err) = cli(&[
+        "--config",
+        &config.to_string_lossy(),
+        "inject",
+        "xid",
+        "48",
+        "--pci",
+        &pci,
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let drill = out.trim().to_string();
+    let s = agent.wait_for(Duration::from_secs(5), |s| {
+        fault(s, &host, "xid", Some(48)).is_some()
+    });
+    let after_drill = ignored(&s);
+    inject(&drill.replace(": 48,", ": 79,"));
+    inject(&drill);
+    let s = agent.wait_for(Duration::from_secs(5), |s| ignored(s) >= after_drill + 2);
+    assert!(
+        fault(&s, &host, "xid", Some(79)).is_none(),
+        "an altered drill: {s}"
+    );
+    let f = fault(&s, &host, "xid", Some(48)).expect("the drill");
+    assert_eq!(f["count"], 1, "a replayed drill: {f}");
+    assert_eq!(f["drill"], true, "{f}");
+    assert!(agent.stop().success());
+    // The next boot: drills do not survive it, whatever their action.
+    host.set_boot_id("boot-2");
+    let agent = Agent::start(&config, &host.socket());
+    let s = agent.snapshot().expect("snapshot");
+    assert!(fault(&s, &host, "xid", Some(48)).is_none(), "{s}");
+    assert!(agent.stop().success());
+}

@@ -10,23 +10,26 @@ use crate::cli::Inject;
 use crate::config::Loaded;
 use crate::host;
 use crate::model::PciAddress;
-use crate::sources::kmsg::INJECT_MARK;
 
-/// Format an Xid line the way the driver does.
+/// An Xid line the way the driver prints it (without the drill mark).
 pub fn xid_line(pci: PciAddress, code: u32) -> String {
     let class = catalog::classify_xid(code, "", DriverBranch::Unknown);
     format!(
-        "<3>NVRM: Xid (PCI:{:04x}:{:02x}:{:02x}): {code}, pid={}, name=gpu-agent-inject, {} {INJECT_MARK}",
-        pci.domain, pci.bus, pci.device, std::process::id(), class.description
+        "NVRM: Xid (PCI:{:04x}:{:02x}:{:02x}): {code}, pid={}, name=gpu-agent-inject, {}",
+        pci.domain,
+        pci.bus,
+        pci.device,
+        std::process::id(),
+        class.description
     )
 }
 
-/// Format an SXid line the way the NVSwitch driver does.
+/// An SXid line the way the NVSwitch driver prints it (without the drill mark).
 pub fn sxid_line(pci: PciAddress, code: u32) -> String {
     let entry = catalog::sxid_entry(code);
     let fatal = entry.is_some_and(|e| e.fatality != SxidFatality::NonFatal);
     format!(
-        "<3>nvidia-nvswitch0: SXid (PCI:{pci}): {code}, {}, Link 0 {} {INJECT_MARK}",
+        "nvidia-nvswitch0: SXid (PCI:{pci}): {code}, {}, Link 0 {}",
         if fatal { "Fatal" } else { "Non-fatal" },
         entry.map_or("unknown", |e| e.name)
     )
@@ -61,8 +64,13 @@ pub fn inject(loaded: &Loaded, what: &Inject) -> anyhow::Result<u8> {
             sxid_line(pci, code)
         }
     };
-    write_line(&config.kmsg.path, &line)?;
-    println!("{}", line.trim_start_matches("<3>"));
+    // The drill mark: only a holder of this boot's key (root) can make a line count.
+    let boot = host::boot_id(&config.procfs.root).unwrap_or_else(|| "unknown".into());
+    let key = crate::drill::key(&config.state_dir, &boot)
+        .context("cannot read or make the drill key (injecting needs root)")?;
+    let line = crate::drill::mark(&key, &line);
+    write_line(&config.kmsg.path, &format!("<3>{line}"))?;
+    println!("{line}");
     Ok(0)
 }
 
@@ -88,15 +96,16 @@ mod tests {
     #[test]
     fn injected_lines_parse_back() {
         let pci: PciAddress = "0000:3b:00.0".parse().expect("addr");
-        let line = xid_line(pci, 79);
-        let message = line.trim_start_matches("<3>");
-        assert!(
-            matches!(parse(message), Some(FaultLine::Xid { code: 79, pci: p, .. }) if p == pci)
+        // As written: with the drill mark.
+        let line = crate::drill::mark(b"key", &xid_line(pci, 79));
+        assert!(matches!(parse(&line), Some(FaultLine::Xid { code: 79, pci: p, .. }) if p == pci));
+        let line = crate::drill::mark(
+            b"key",
+            &sxid_line("0000:05:00.0".parse().expect("addr"), 20034),
         );
-        let line = sxid_line("0000:05:00.0".parse().expect("addr"), 20034);
         assert!(line.contains(", Fatal, "));
         assert!(matches!(
-            parse(line.trim_start_matches("<3>")),
+            parse(&line),
             Some(FaultLine::Sxid {
                 code: 20034,
                 fatal: Some(true),

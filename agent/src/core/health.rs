@@ -150,7 +150,8 @@ impl HealthModel {
         let Some(fault) = self.faults.get_mut(&key) else {
             return;
         };
-        if fault.class.severity != Severity::Fatal
+        if fault.drill
+            || fault.class.severity != Severity::Fatal
             || !matches!(fault.class.action, Action::ResetGpu | Action::Reboot)
         {
             return;
@@ -264,6 +265,7 @@ impl HealthModel {
         for fault in state.faults {
             let keep = same_boot
                 || (fault.class.action == Action::Replace
+                    && !fault.drill
                     && (fault.escalated.is_none() || self.replace_is_evidenced(&fault)));
             if keep {
                 self.faults.insert((fault.component, fault.code), fault);
@@ -450,6 +452,8 @@ impl HealthModel {
             fault.count += 1;
             fault.last_seen = fault.last_seen.max(report.at);
             fault.detail = report.detail;
+            // One real occurrence makes it real.
+            fault.drill &= report.drill;
             fault.boot_id.clone_from(&self.boot_id);
             if report.class.severity > fault.class.severity {
                 fault.class = report.class;
@@ -475,6 +479,7 @@ impl HealthModel {
             detail: report.detail,
             boot_id: self.boot_id.clone(),
             escalated: None,
+            drill: report.drill,
         };
         let at = fault.first_seen;
         self.faults.insert(key, fault);
@@ -794,6 +799,7 @@ mod tests {
             at: SystemTime::UNIX_EPOCH + Duration::from_secs(seq),
             detail: format!("Xid {code}"),
             cursor: Some(seq),
+            drill: false,
         })
     }
 
@@ -1195,6 +1201,30 @@ mod tests {
             "{}",
             faults[0].detail
         );
+    }
+
+    #[test]
+    fn drills_never_escalate_and_never_outlive_their_boot() {
+        let drill = |m: &mut HealthModel| {
+            let Observation::Fault(mut report) = xid("0000:18:00", 79, 1) else {
+                unreachable!()
+            };
+            report.drill = true;
+            m.apply(Observation::Fault(report));
+        };
+        let mut m = on_boot("boot-1", None);
+        drill(&mut m);
+        for boot in ["boot-2", "boot-3", "boot-4"] {
+            m = on_boot(boot, Some(m.persisted()));
+            drill(&mut m);
+        }
+        let f = m.snapshot(KmsgStats::default()).faults[0].clone();
+        assert_eq!(
+            (f.class.action, f.escalated, f.drill),
+            (Action::Reboot, None, true)
+        );
+        let m = on_boot("boot-5", Some(m.persisted()));
+        assert!(m.snapshot(KmsgStats::default()).faults.is_empty());
     }
 
     mod random_lives {

@@ -221,6 +221,8 @@ pub struct FaultReport {
     pub detail: String,
     /// The source's position (kernel log sequence number), so a restart resumes after it.
     pub cursor: Option<u64>,
+    /// A `gpu-agent inject` drill (a genuine drill mark), not the hardware.
+    pub drill: bool,
 }
 
 /// A fault in the node's health model: a report merged with its repeats.
@@ -253,6 +255,9 @@ pub struct Fault {
     /// repeating on the same GPU), if it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub escalated: Option<String>,
+    /// Seen only in `gpu-agent inject` drills: never escalated, gone at the next boot.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub drill: bool,
 }
 
 impl Fault {

@@ -33,9 +33,6 @@ use record::{Next, Record};
 const MAX_DETAIL: usize = 512;
 /// Consecutive I/O errors after which the follower gives up (an overrun is not one).
 const MAX_IO_ERRORS: u32 = 10;
-/// What `gpu-agent inject` appends to its drill lines: the one mark that makes a userspace
-/// record count as a fault when `[kmsg] accept_userspace` is off.
-pub const INJECT_MARK: &str = "(injected by gpu-agent)";
 
 /// Why the kernel log could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +68,9 @@ pub struct Settings {
     pub boot_time: Option<SystemTime>,
     /// Count fault lines written by userspace too (not only the kernel's and drills).
     pub accept_userspace: bool,
+    /// This boot's drill key: a userspace line with a genuine drill mark counts
+    /// ([`crate::drill`]); `None`: no drills.
+    pub drill_key: Option<Vec<u8>>,
 }
 
 /// Records within which a multi-record notice's parts (an SXid's follow-ups, the rest of a
@@ -89,6 +89,8 @@ pub struct RecordReader {
     sxid: Option<(crate::model::PciAddress, u32, u64)>,
     /// A GPU named by `NVRM: The NVIDIA GPU ...` whose notice may go on: `(gpu, seq)`.
     notice: Option<(crate::model::PciAddress, u64)>,
+    /// The newest drill nonce accepted: an older or equal one is a replayed line.
+    last_drill: u128,
 }
 
 impl RecordReader {
@@ -101,6 +103,30 @@ impl RecordReader {
             overrun_logged: false,
             sxid: None,
             notice: None,
+            last_drill: 0,
+        }
+    }
+
+    /// A userspace record with a genuine drill mark newer than the last one accepted.
+    fn genuine_drill(&mut self, message: &str) -> bool {
+        let Some(key) = &self.settings.drill_key else {
+            return false;
+        };
+        match crate::drill::verify(key, message) {
+            Some(nonce) if nonce > self.last_drill => {
+                self.last_drill = nonce;
+                true
+            }
+            Some(_) => {
+                tracing::warn!(line = %truncate(message.trim(), MAX_DETAIL), "A replayed drill line is ignored.");
+                false
+            }
+            None => {
+                if crate::drill::is_marked(message) {
+                    tracing::warn!(line = %truncate(message.trim(), MAX_DETAIL), "A line with a forged or altered drill mark is ignored.");
+                }
+                false
+            }
         }
     }
 
@@ -129,9 +155,9 @@ impl RecordReader {
             None => SystemTime::now(),
         };
         let line = parse::parse(&record.message)?;
-        let trusted = record.facility == record::KERNEL_FACILITY
-            || self.settings.accept_userspace
-            || record.message.trim_end().ends_with(INJECT_MARK);
+        let kernel = record.facility == record::KERNEL_FACILITY;
+        let drill = !kernel && self.genuine_drill(&record.message);
+        let trusted = kernel || drill || self.settings.accept_userspace;
         if !trusted {
             // A fault line from userspace (a privileged pod, a stray logger): not evidence.
             if !matches!(line, FaultLine::GpuNotice { .. })
@@ -171,7 +197,8 @@ impl RecordReader {
             }
             other => other,
         };
-        let report = report_line(line, &record.message, Some(seq), at, self.settings.branch)?;
+        let mut report = report_line(line, &record.message, Some(seq), at, self.settings.branch)?;
+        report.drill = drill;
         self.counters.matched.fetch_add(1, Ordering::Relaxed);
         Some(report)
     }
@@ -244,6 +271,7 @@ fn report_line(
         // The kernel escapes a record's newlines: show them as spaces.
         detail: truncate(message.replace("\\x0a", " ").trim(), MAX_DETAIL),
         cursor: seq,
+        drill: false,
     })
 }
 
@@ -380,6 +408,7 @@ mod tests {
             branch: DriverBranch::Unknown,
             boot_time: Some(SystemTime::UNIX_EPOCH),
             accept_userspace: false,
+            drill_key: Some(b"test-key".to_vec()),
         };
         RecordReader::new(settings, Arc::new(KmsgCounters::default()))
     }
@@ -455,8 +484,14 @@ mod tests {
             1,
             "only fault lines count"
         );
-        let drill = format!("{forged} {INJECT_MARK}");
-        assert!(r.on_record(&user(3, &drill)).is_some(), "a gpu-agent drill");
+        // The old fixed mark is a forgery; a genuine mark counts, once.
+        assert!(r
+            .on_record(&user(3, &format!("{forged} (injected by gpu-agent)")))
+            .is_none());
+        let drill = crate::drill::mark(b"test-key", forged);
+        let report = r.on_record(&user(3, &drill)).expect("a gpu-agent drill");
+        assert!(report.drill, "reported as a drill");
+        assert!(r.on_record(&user(3, &drill)).is_none(), "a replayed drill");
         assert!(r.on_record(&entry(4, forged)).is_some(), "the kernel's own");
         r.settings.accept_userspace = true;
         assert!(r.on_record(&user(5, forged)).is_some(), "replay rig");

@@ -30,6 +30,7 @@ pub fn report(pci: PciAddress, code: u32, branch: DriverBranch, at: SystemTime) 
         at,
         detail: format!("NVML critical Xid event: Xid {code} on {pci}"),
         cursor: None,
+        drill: false,
     }
 }
 

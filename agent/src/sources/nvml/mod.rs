@@ -138,6 +138,7 @@ impl Poller {
             at,
             detail: f.detail,
             cursor: None,
+            drill: false,
         })
         .collect();
         out.push(Observation::Poll {
