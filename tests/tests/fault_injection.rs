@@ -507,3 +507,35 @@ fn idle_metrics_clients_are_bounded_and_timed_out() {
     assert!(closed >= 16, "only {closed} idle clients were closed");
     assert!(agent.stop().success());
 }
+
+/// Issue 22: a GPU's failed NVML read cleared the faults latched on it (a remap failure
+/// vanished while its read failed, then came back): a flapping condition auto repair never
+/// sees sustained. A partial read keeps that GPU's faults as they were.
+#[test]
+fn a_failed_read_keeps_the_faults_latched_on_that_gpu() {
+    let host = Host::new();
+    let broken = "remap.failure = true\nremap.uncorrectable = 12";
+    let agent = host.start_with_nvml(&NvmlScenario::healthy().gpu(3, broken), "");
+    agent.wait_for(Duration::from_secs(5), |s| {
+        fault(s, &host, "remap-failure", None).is_some()
+    });
+    // Every call for GPU 3 fails now; the fault must stay through many polls.
+    let failing = r#"errors = ["ecc_mode", "total_ecc_errors", "memory_error_counter", "retired_pages_pending", "remapped_rows", "nvlink_state", "nvlink_errors", "pcie", "clock_events"]"#;
+    NvmlScenario::healthy().gpu(3, failing).write(&host);
+    let until = std::time::Instant::now() + Duration::from_secs(2);
+    while std::time::Instant::now() < until {
+        let s = agent.snapshot().expect("snapshot");
+        assert!(
+            fault(&s, &host, "remap-failure", None).is_some(),
+            "the fault was cleared by a failed read: {:#}",
+            s["faults"]
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Read again and healthy: now it clears.
+    NvmlScenario::healthy().write(&host);
+    agent.wait_for(Duration::from_secs(5), |s| {
+        fault(s, &host, "remap-failure", None).is_none()
+    });
+    assert!(agent.stop().success());
+}

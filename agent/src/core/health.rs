@@ -350,21 +350,28 @@ impl HealthModel {
             Observation::Poll {
                 source,
                 faults,
+                partial,
                 gpus,
                 driver_version,
             } => {
                 let mut changed = gpus != self.nvml_gpus || driver_version != self.driver_version;
                 self.nvml_gpus = gpus;
                 self.driver_version = driver_version;
-                changed |= self.replace_conditions(source, faults);
+                changed |= self.replace_conditions(source, faults, &partial);
                 changed
             }
         }
     }
 
     /// A polling source's faults are conditions: present while the source sees them,
-    /// cleared when it stops. A condition seen again is not a new occurrence.
-    fn replace_conditions(&mut self, source: SourceKind, reports: Vec<FaultReport>) -> bool {
+    /// cleared when it stops. A condition seen again is not a new occurrence. A component
+    /// the source could not read in full (`partial`) keeps its faults.
+    fn replace_conditions(
+        &mut self,
+        source: SourceKind,
+        reports: Vec<FaultReport>,
+        partial: &[Component],
+    ) -> bool {
         let keys: Vec<Key> = reports.iter().map(|r| (r.component, r.code)).collect();
         let gone: Vec<Key> = self
             .faults
@@ -372,6 +379,7 @@ impl HealthModel {
             // Events (an Xid the source also reports as it happens) are occurrences, latched
             // like the kernel log's; only conditions clear when a poll no longer sees them.
             .filter(|(k, f)| f.source == source && !keys.contains(k) && !k.1.is_event())
+            .filter(|(k, _)| !partial.contains(&k.0))
             .map(|(k, _)| *k)
             .collect();
         let mut changed = !gone.is_empty();

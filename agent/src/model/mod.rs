@@ -66,6 +66,9 @@ pub enum Observation {
         source: SourceKind,
         /// Every fault currently present.
         faults: Vec<FaultReport>,
+        /// Components whose reading was incomplete (a call failed): their faults stay as
+        /// they were, neither cleared nor newly judged absent.
+        partial: Vec<Component>,
         /// The GPUs enumerated, with identity and telemetry.
         gpus: Vec<GpuIdentity>,
         /// The driver version, if known.

@@ -110,6 +110,35 @@ pub fn evaluate(
     out
 }
 
+/// The GPUs whose reading was incomplete this poll (a call failed, not merely unsupported):
+/// their faults cannot be judged gone, so the core keeps them as they were.
+pub fn partially_read(readings: &[GpuReading], on_bus: &[PciAddress]) -> Vec<Component> {
+    let failed = |r: &GpuReading| {
+        let errs = [
+            r.ecc_enabled.as_ref().err(),
+            r.ecc_volatile.as_ref().err(),
+            r.ecc_aggregate.as_ref().err(),
+            r.ecc_volatile_dram.as_ref().err(),
+            r.ecc_volatile_sram.as_ref().err(),
+            r.retired_pending.as_ref().err(),
+            r.remap.as_ref().err(),
+            r.nvlink.as_ref().err(),
+            r.pcie.as_ref().err(),
+            r.clock_events.as_ref().err(),
+            r.recovery_action.as_ref().err(),
+        ];
+        errs.into_iter()
+            .flatten()
+            .any(|e| matches!(e, crate::sources::nvml::probe::Unread::Failed(_)))
+    };
+    readings
+        .iter()
+        .zip(addresses(readings, on_bus))
+        .filter(|(r, _)| failed(r))
+        .map(|(_, pci)| pci.map_or(Component::Node, |pci| Component::Gpu { pci }))
+        .collect()
+}
+
 fn same(a: &PciAddress, b: &PciAddress) -> bool {
     (a.domain, a.bus, a.device) == (b.domain, b.bus, b.device)
 }

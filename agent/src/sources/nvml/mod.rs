@@ -121,6 +121,7 @@ impl Poller {
         );
         let at = SystemTime::now();
         let booting = at < self.grace_ends;
+        let partial = checks::partially_read(&readings, &on_bus);
         let faults = evaluate(
             &readings,
             expected,
@@ -144,6 +145,7 @@ impl Poller {
         out.push(Observation::Poll {
             source: SourceKind::Nvml,
             faults,
+            partial,
             gpus: readings.iter().map(identity).collect(),
             driver_version: nvml.sys_driver_version().ok(),
         });
