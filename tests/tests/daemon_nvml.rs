@@ -292,3 +292,32 @@ fn the_drivers_recovery_action_and_nvml_xid_events_join_the_kernel_log() {
     );
     assert!(agent.stop().success());
 }
+
+/// Issue 22: the NVLink baseline (links seen up in this boot) lived in memory only. After an
+/// agent restart, a link that had been up and went down was "never up": a fatal link-down
+/// became a warning (or nothing while booting) and the condition flipped back to True.
+#[test]
+fn the_nvlink_baseline_survives_an_agent_restart() {
+    let host = Host::new();
+    let agent = host.start_with_nvml(&NvmlScenario::healthy(), "");
+    agent.wait_for(WAIT, |s| {
+        s["gpus"][4]["nvml"]["telemetry"]["nvlink_up"] == 18
+    });
+    // Two polls, so the baseline is on disk.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(agent.stop().success());
+    let down = "nvlink.up = [true, true, true, true, true, true, true, false, true, true, true, true, true, true, true, true, true, true]";
+    let agent = host.start_with_nvml(&NvmlScenario::healthy().gpu(4, down), "");
+    let s = agent.wait_for(WAIT, |s| {
+        nvml_faults(s, &host)
+            .iter()
+            .any(|f| f["code"]["type"] == "nvlink-down")
+    });
+    let f = fault(&s, &host, "nvlink-down", None).expect("nvlink-down");
+    assert_eq!(
+        (f["gpu_index"].as_u64(), f["severity"].as_str()),
+        (Some(4), Some("fatal")),
+        "{f:#}"
+    );
+    assert!(agent.stop().success());
+}

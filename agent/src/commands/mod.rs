@@ -110,6 +110,7 @@ impl HostFacts {
             sysfs_root: config.sysfs.root.clone(),
             procfs_root: config.procfs.root.clone(),
             nvlink_boot_grace: config.nvml.nvlink_boot_grace.0,
+            baseline: None,
         }
     }
 

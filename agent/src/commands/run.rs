@@ -78,8 +78,13 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
     }
     if config.nvml.enabled {
         model.apply(Observation::Source(SourceKind::Nvml, SourceState::Starting));
-        nvml::spawn(HostFacts::nvml_settings(&config), tx.clone())
-            .context("cannot start the NVML thread")?;
+        let mut settings = HostFacts::nvml_settings(&config);
+        // The daemon keeps the NVLink baseline across its restarts (`check` only reads NVML).
+        settings.baseline = Some((
+            config.state_dir.join("nvlink-baseline.json"),
+            host.boot_id.clone(),
+        ));
+        nvml::spawn(settings, tx.clone()).context("cannot start the NVML thread")?;
     } else {
         model.apply(Observation::Source(
             SourceKind::Nvml,

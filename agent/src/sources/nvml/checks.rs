@@ -80,6 +80,21 @@ pub struct Rates {
     links_up: HashMap<u32, Vec<bool>>,
 }
 
+/// Which NVLinks of each GPU (by NVML index) have been up in this boot.
+pub type Baseline = HashMap<u32, Vec<bool>>;
+
+impl Rates {
+    /// The NVLink baseline, to keep across an agent restart in the same boot.
+    pub fn baseline(&self) -> &Baseline {
+        &self.links_up
+    }
+
+    /// Take over a baseline an earlier run of this boot kept.
+    pub fn restore_baseline(&mut self, baseline: Baseline) {
+        self.links_up = baseline;
+    }
+}
+
 /// Evaluate one poll. `expected` is how many GPUs the node should have; `on_bus` are the
 /// NVIDIA GPUs sysfs lists; `elapsed` is the time since the previous poll; `booting` is true
 /// within the boot grace period, while Fabric Manager may still be training NVLinks.

@@ -47,6 +47,16 @@ pub struct Settings {
     /// From boot, how long NVLinks that have not come up yet are not judged (Fabric Manager
     /// trains them after the agent starts).
     pub nvlink_boot_grace: Duration,
+    /// Where the NVLink baseline is kept across restarts (`<state_dir>/nvlink-baseline.json`),
+    /// and this boot's id; `None`: in memory only.
+    pub baseline: Option<(PathBuf, String)>,
+}
+
+/// The NVLink baseline on disk: which links were up, in which boot.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct SavedBaseline {
+    boot_id: String,
+    links_up: checks::Baseline,
 }
 
 /// Load NVML from `library`.
@@ -65,6 +75,8 @@ pub struct Poller {
     last: Option<Instant>,
     grace_ends: SystemTime,
     failing: bool,
+    /// The baseline as last saved.
+    saved: checks::Baseline,
 }
 
 impl Poller {
@@ -72,12 +84,49 @@ impl Poller {
     pub fn new(settings: Settings) -> Self {
         // Unknown boot time: the grace counts from now.
         let boot = host::boot_time(&settings.procfs_root).unwrap_or_else(SystemTime::now);
+        let mut rates = Rates::default();
+        // A link up earlier in this boot, before an agent restart, is still part of the
+        // baseline: going down now is fatal, not "never up".
+        if let Some((path, boot_id)) = &settings.baseline {
+            let saved = std::fs::read(path)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<SavedBaseline>(&b).ok())
+                .filter(|s| s.boot_id == *boot_id);
+            if let Some(saved) = saved {
+                tracing::info!(
+                    gpus = saved.links_up.len(),
+                    "NVLink baseline of this boot restored."
+                );
+                rates.restore_baseline(saved.links_up);
+            }
+        }
         Self {
             grace_ends: boot + settings.nvlink_boot_grace,
+            saved: rates.baseline().clone(),
             settings,
-            rates: Rates::default(),
+            rates,
             last: None,
             failing: false,
+        }
+    }
+
+    /// Save the NVLink baseline when a link came up for the first time this boot.
+    fn save_baseline(&mut self) {
+        let Some((path, boot_id)) = &self.settings.baseline else {
+            return;
+        };
+        if *self.rates.baseline() == self.saved {
+            return;
+        }
+        let saved = SavedBaseline {
+            boot_id: boot_id.clone(),
+            links_up: self.rates.baseline().clone(),
+        };
+        match crate::fsutil::write_json(path, &saved, None) {
+            Ok(()) => self.saved = saved.links_up,
+            Err(e) => {
+                tracing::warn!(error = %e, "Cannot keep the NVLink baseline; a restart forgets it.")
+            }
         }
     }
 
@@ -142,6 +191,7 @@ impl Poller {
             drill: false,
         })
         .collect();
+        self.save_baseline();
         out.push(Observation::Poll {
             source: SourceKind::Nvml,
             faults,
