@@ -36,6 +36,7 @@ fn main() {
         sysfs_root: dir.path().to_path_buf(),
         procfs_root: dir.path().to_path_buf(),
         nvlink_boot_grace: std::time::Duration::ZERO,
+        baseline: None,
     });
     for _ in 0..10 {
         poller.poll(&nvml);

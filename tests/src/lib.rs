@@ -156,10 +156,6 @@ pub fn unique_domain() -> u32 {
     0x1000 + (seed.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed) * 7919)) % 0xe000
 }
 
-/// The mark `gpu-agent inject` puts on its drill lines (the agent's `kmsg::INJECT_MARK`): a
-/// userspace line with it counts as a fault even with `[kmsg] accept_userspace = false`.
-pub const INJECT_MARK: &str = "(injected by gpu-agent)";
-
 /// Write one line into the real kernel log. A fresh open per line: the kernel rate-limits
 /// writes per open file (10 lines per 5 s) and silently drops the rest.
 pub fn inject(line: &str) {

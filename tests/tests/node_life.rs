@@ -20,7 +20,7 @@ use gpu_agent_e2e::imds::FakeImds;
 use gpu_agent_e2e::kube_api::{KubeApi, Mode};
 use gpu_agent_e2e::logind::FakeLogind;
 use gpu_agent_e2e::trainer::{gpu_device, Trainer};
-use gpu_agent_e2e::{inject, wait_until, Agent, Host, NvmlScenario};
+use gpu_agent_e2e::{wait_until, Agent, Host, NvmlScenario};
 use serde_json::Value;
 
 const HARDWARE: &str = "AcceleratedHardwareReady";
@@ -220,13 +220,19 @@ fn a_gpu_nodes_life_never_condemns_it_and_never_silences_the_agent() {
         );
     }
     // The kernel's lines count; so do drills. (Userspace can never write the kernel's
-    // facility, so this test's Xid is a drill; the other tests' unmarked lines in the shared
-    // log are ignored, as a forged line on a real node would be.)
-    inject(&format!(
-        "NVRM: Xid (PCI:{}): 13, pid=4242, name=python3, Graphics SM Warp Exception {}",
-        host.gpu_bdf(0),
-        gpu_agent_e2e::INJECT_MARK
-    ));
+    // facility, so this test's Xid is a `gpu-agent inject` drill, marked with this host's
+    // key; the other tests' lines in the shared log are ignored, as a forged line on a real
+    // node would be.)
+    let (code, out, err) = gpu_agent_e2e::cli(&[
+        "--config",
+        &config.to_string_lossy(),
+        "inject",
+        "xid",
+        "13",
+        "--pci",
+        &format!("{}.0", host.gpu_bdf(0)),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
     let s = agent.wait_for(Duration::from_secs(5), |s| {
         gpu_agent_e2e::fault(s, &host, "xid", Some(13)).is_some()
     });
