@@ -429,3 +429,37 @@ fn the_drill_mark_cannot_be_forged_altered_or_replayed() {
     assert!(fault(&s, &host, "xid", Some(48)).is_none(), "{s}");
     assert!(agent.stop().success());
 }
+
+/// Issue 22: the kernel-log cursor moved only on fault lines. On a quiet node the ring rolls
+/// far past the last fault, and every restart counted all records since as lost (firing the
+/// shipped alert on `gpu_agent_kmsg_records_lost_total`). A clean stop now saves the
+/// newest record read.
+#[test]
+fn a_clean_restart_reports_no_lost_records() {
+    let host = Host::new();
+    // This boot's state, its cursor an old fault (long overwritten in a busy ring).
+    std::fs::create_dir_all(host.dir.path().join("state")).expect("state dir");
+    std::fs::write(
+        host.dir.path().join("state/state.json"),
+        serde_json::json!({"version": 1, "boot_id": "boot-1", "kmsg_cursor": 1, "faults": []})
+            .to_string(),
+    )
+    .expect("state");
+    let config = host.config("");
+    let read = |s: &Value| s["kmsg"]["records_read"].as_u64().unwrap_or(0);
+    let agent = Agent::start(&config, &host.socket());
+    agent.wait_for(Duration::from_secs(5), |s| read(s) > 0);
+    assert!(agent.stop().success());
+    let saved: Value = serde_json::from_str(
+        &std::fs::read_to_string(host.dir.path().join("state/state.json")).expect("state"),
+    )
+    .expect("json");
+    assert!(
+        saved["kmsg_cursor"].as_u64().unwrap_or(0) > 1,
+        "the cursor moved to the newest record read: {saved}"
+    );
+    let agent = Agent::start(&config, &host.socket());
+    let s = agent.wait_for(Duration::from_secs(5), |s| read(s) > 0);
+    assert_eq!(s["kmsg"]["records_lost"], 0, "{}", s["kmsg"]);
+    assert!(agent.stop().success());
+}

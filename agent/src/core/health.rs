@@ -293,6 +293,17 @@ impl HealthModel {
         self.kmsg_cursor
     }
 
+    /// Move the cursor past records read that held no fault (at a clean stop, once every
+    /// report read before them is merged): a restart then resumes there instead of counting
+    /// the records since the last fault as lost. Returns whether it moved.
+    pub fn advance_kmsg_cursor(&mut self, seq: u64) -> bool {
+        if self.kmsg_cursor.is_some_and(|c| c >= seq) {
+            return false;
+        }
+        self.kmsg_cursor = Some(seq);
+        true
+    }
+
     /// Merge an observation. Returns `true` if the model changed.
     pub fn apply(&mut self, observation: Observation) -> bool {
         match observation {

@@ -152,9 +152,18 @@ impl Core {
                 () = shutdown.wait() => break,
             }
         }
-        // Merge whatever is already queued so nothing read is lost, then save.
+        // Merge whatever is already queued so nothing read is lost, then save. Records read
+        // that held no fault move the cursor too: taken before the queue is drained, every
+        // fault record read before them is in it.
+        let quiet_through = self
+            .counters
+            .quiet_through
+            .load(std::sync::atomic::Ordering::Acquire);
         while let Ok(observation) = observations.try_recv() {
             dirty |= self.model.apply(observation);
+        }
+        if let Some(seq) = quiet_through.checked_sub(1) {
+            dirty |= self.model.advance_kmsg_cursor(seq);
         }
         if let Some(save) = saving.take() {
             dirty |= !self.saved(save.await.unwrap_or_else(|e| Err(e.to_string())));

@@ -211,6 +211,10 @@ pub struct KmsgCounters {
     pub unparsed: std::sync::atomic::AtomicU64,
     /// Userspace fault lines ignored.
     pub ignored: std::sync::atomic::AtomicU64,
+    /// One more than the sequence number of the newest record read that gave no fault report
+    /// (0: none). Every fault record before it was already sent to the core, so after the
+    /// core has merged its queue the cursor may advance to it (at a clean stop).
+    pub quiet_through: std::sync::atomic::AtomicU64,
 }
 
 impl KmsgCounters {

@@ -132,6 +132,19 @@ impl RecordReader {
 
     /// Process one record; `Some` when it is a fault line not seen before.
     pub fn on_record(&mut self, record: &Record) -> Option<FaultReport> {
+        let report = self.judge(record);
+        if report.is_none() {
+            // Released after every earlier report was handed over (this thread sends each
+            // before it reads the next record).
+            self.counters
+                .quiet_through
+                .fetch_max(record.seq.saturating_add(1), Ordering::Release);
+        }
+        report
+    }
+
+    /// The report for one record, if it is a fault line not seen before.
+    fn judge(&mut self, record: &Record) -> Option<FaultReport> {
         let seq = record.seq;
         self.counters.read.fetch_add(1, Ordering::Relaxed);
         // The first record after a restart: records between the saved cursor and the oldest
