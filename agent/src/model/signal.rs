@@ -51,6 +51,16 @@ pub fn risky(signal: Signal) -> Option<&'static str> {
     )
 }
 
+/// Does a `SigCgt` mask catch (nearly) every standard signal? Go's runtime installs a
+/// handler for all of them and ignores most (SIGUSR1 included): such a mask says nothing
+/// about a checkpoint handler.
+pub fn catches_everything(sigcgt_hex: &str) -> bool {
+    u64::from_str_radix(sigcgt_hex.trim(), 16).is_ok_and(|mask| {
+        // Of signals 1-31 (29 catchable), Go catches all but the job-control ones: 25.
+        (mask & 0x7fff_ffff).count_ones() >= 24
+    })
+}
+
 /// Does a `SigCgt` hex mask (from `/proc/PID/status`) include `signal`?
 pub fn caught(sigcgt_hex: &str, signal: Signal) -> bool {
     let bit = signal.as_raw() - 1;
@@ -74,5 +84,8 @@ mod tests {
         assert!(caught("0000000000000200", Signal::USR1));
         assert!(!caught("0000000000000000", Signal::USR1));
         assert!(!caught("zz", Signal::USR1));
+        // A Go program's runtime (as /proc shows it) and a Python trainer's handlers.
+        assert!(catches_everything("fffffffe7fc1feff"));
+        assert!(!catches_everything("0000000180004202"));
     }
 }

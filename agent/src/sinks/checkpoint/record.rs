@@ -59,10 +59,26 @@ pub struct Record {
 impl Record {
     /// Load `path`; a missing or unreadable file is an empty record.
     pub fn load(path: &Path) -> Self {
-        std::fs::read(path)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default()
+        for candidate in [path.to_path_buf(), crate::fsutil::backup_path(path)] {
+            let bytes = match std::fs::read(&candidate) {
+                Ok(bytes) => bytes,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => {
+                    tracing::warn!(path = %candidate.display(), error = %e, "Cannot read the signalled notices.");
+                    continue;
+                }
+            };
+            match serde_json::from_slice(&bytes) {
+                Ok(record) => return record,
+                Err(e) => {
+                    // Said, and kept for a look: an empty record may signal a notice again.
+                    let aside = candidate.with_extension("corrupt");
+                    tracing::warn!(path = %candidate.display(), error = %e, moved_to = %aside.display(), "The signalled notices are corrupt; moved aside, trying the backup.");
+                    let _ = std::fs::rename(&candidate, &aside);
+                }
+            }
+        }
+        Self::default()
     }
 
     /// Save to `path` atomically (blocking: call it on the blocking pool).
@@ -185,5 +201,26 @@ mod tests {
         assert!(r.done("spot:1") && r.last_ending.is_none());
         r.save(&path);
         assert_eq!(Record::load(&path), r);
+    }
+
+    /// Issue 22 (Low): a corrupt file loaded silently as empty.
+    #[test]
+    fn a_corrupt_record_falls_back_to_its_backup_and_is_kept_aside() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("checkpoint.json");
+        let mut record = Record::default();
+        let sent = |id: &str| Sent {
+            id: id.into(),
+            at: SystemTime::UNIX_EPOCH,
+            targets: Vec::new(),
+        };
+        record.remember(&notice("spot-1", NoticeKind::Spot), sent("spot-1"));
+        record.save(&path);
+        record.remember(&notice("spot-2", NoticeKind::Spot), sent("spot-2"));
+        record.save(&path);
+        std::fs::write(&path, b"{ half").expect("corrupt it");
+        let loaded = Record::load(&path);
+        assert!(loaded.done("spot-1"), "the backup's notices");
+        assert!(path.with_extension("corrupt").exists(), "kept for a look");
     }
 }

@@ -533,7 +533,14 @@ fn consider_one(
         let status = reader.read_text(&dir.join("status"))?.unwrap_or_default();
         candidate.ns_pid = ns_pid_in(&status).unwrap_or(pid);
         let mask = sigcgt_in(&status);
-        if mask.is_some_and(|mask| signals::caught(&mask, signal)) {
+        let asked = declared.is_some() || opt_in.is_some();
+        if !asked && mask.as_deref().is_some_and(signals::catches_everything) {
+            format!(
+                "skipped: {what} but catches every signal (a Go program's runtime does, and \
+                 ignores {}): declare the signal on its pod or opt in to signal it",
+                signals::name(signal)
+            )
+        } else if mask.is_some_and(|mask| signals::caught(&mask, signal)) {
             candidate.signal = Some(signals::name(signal));
             format!("target: {what} and handles {}", signals::name(signal))
         } else {
@@ -1000,6 +1007,44 @@ mod tests {
         assert!(
             signal.is_none() && why.contains("does not handle SIGUSR2"),
             "{why}"
+        );
+    }
+
+    /// Issue 22 (Low): a Go program's SigCgt shows every signal caught, so it was always a
+    /// target, and a shutdown waited the whole hold for a process that ignores the signal.
+    #[test]
+    fn a_go_program_is_signalled_only_when_asked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let env = "GPU_AGENT_CHECKPOINT_SIGNAL=SIGUSR1\0";
+        for (pid, env) in [(30, ""), (31, env)] {
+            fake(
+                dir.path(),
+                &Proc {
+                    pid,
+                    ppid: 1,
+                    comm: "inference",
+                    cmdline: &["/app/inference"],
+                    exe: "/app/inference",
+                    gpu: true,
+                    env,
+                },
+            );
+            std::fs::write(
+                dir.path().join(format!("{pid}/status")),
+                "SigCgt:\tfffffffe7fc1feff\n",
+            )
+            .expect("status");
+        }
+        let found = scan(&sel(dir.path(), declared::ByPod::new()));
+        let (signal, why) = outcome(&found, 30);
+        assert!(
+            signal.is_none() && why.contains("catches every signal"),
+            "{why}"
+        );
+        assert_eq!(
+            outcome(&found, 31).0.as_deref(),
+            Some("SIGUSR1"),
+            "opted in"
         );
     }
 }
