@@ -463,3 +463,54 @@ fn a_clean_restart_reports_no_lost_records() {
     assert_eq!(s["kmsg"]["records_lost"], 0, "{}", s["kmsg"]);
     assert!(agent.stop().success());
 }
+
+/// Issue 21: every "fallen off the bus" report without an Xid, in each of the driver's
+/// wordings, on a host whose PCI domain is not 0000 (hosts with several PCI segments),
+/// becomes a fatal Xid-79-class fault on that GPU.
+#[test]
+fn every_fallen_off_the_bus_wording_on_another_pci_domain_is_fatal_on_its_gpu() {
+    let host = Host::new();
+    let agent = Agent::start(&host.config(""), &host.socket());
+    let bdf = |i: usize| format!("{}.0", host.gpu_bdf(i));
+    inject(&format!(
+        "NVRM: GPU {}: GPU has fallen off the bus.",
+        bdf(0)
+    ));
+    inject(&format!(
+        "NVRM: GPU at PCI:{}: GPU has fallen off the bus.",
+        bdf(1)
+    ));
+    inject(&format!(
+        "NVRM: The NVIDIA GPU {} (PCI ID: 10de:2330) installed in this system has fallen off the bus and is not responding to commands.",
+        bdf(2)
+    ));
+    inject(&format!(
+        "NVRM: GPU 0000{}: GPU has fallen off the bus.",
+        bdf(6)
+    ));
+    // The two-record notice: the first names the GPU, the next says what happened.
+    inject(&format!(
+        "NVRM: The NVIDIA GPU {} (PCI ID: 10de:2330) installed in this",
+        bdf(5)
+    ));
+    inject("NVRM: system has fallen off the bus and is not responding to commands.");
+    let s = agent.wait_for(Duration::from_secs(5), |s| {
+        faults_on(s, &host)
+            .iter()
+            .filter(|f| f["code"]["type"] == "fallen-off-bus")
+            .count()
+            == 5
+    });
+    for gpu in [0, 1, 2, 5, 6] {
+        let f = faults_on(&s, &host)
+            .into_iter()
+            .find(|f| f["gpu_index"] == gpu)
+            .unwrap_or_else(|| panic!("GPU {gpu}: {:#}", s["faults"]));
+        assert_eq!(
+            (f["severity"].as_str(), f["code"]["type"].as_str()),
+            (Some("fatal"), Some("fallen-off-bus")),
+            "GPU {gpu}: {f:#}"
+        );
+    }
+    assert!(agent.stop().success());
+}

@@ -268,6 +268,15 @@ mod tests {
             // Its first record alone, and its tail alone (the reader joins them).
             ("NVRM: The NVIDIA GPU 0000:01:00.0 (PCI ID: 10de:1e07) installed in this", FaultLine::GpuNotice { pci: pci("0000:01:00.0") }),
             ("NVRM: system has fallen off the bus and is not responding to commands.", FaultLine::FallenOffBusTail),
+            // Hosts with several PCI segments (issue 21): a domain other than 0000, in every
+            // form, including VMD's 5-digit domains.
+            ("NVRM: GPU at PCI:0001:3b:00: GPU has fallen off the bus.", gpu("0001:3b:00.0")),
+            ("NVRM: GPU at PCI:0001:3b:00.0: GPU has fallen off the bus.", gpu("0001:3b:00.0")),
+            ("NVRM: GPU 0007:91:00.0: GPU has fallen off the bus.", gpu("0007:91:00.0")),
+            ("NVRM: GPU 10000:01:00.0: GPU has fallen off the bus.", gpu("10000:01:00.0")),
+            ("NVRM: The NVIDIA GPU 0009:0e:00.0 (PCI ID: 10de:2330) installed in this system has fallen off the bus and is not responding to commands.", gpu("0009:0e:00.0")),
+            ("NVRM: The NVIDIA GPU 0009:0e:00.0 (PCI ID: 10de:2330) installed in this\\x0aNVRM: system has fallen off the bus and is not responding to commands.", gpu("0009:0e:00.0")),
+            ("NVRM: The NVIDIA GPU 0009:0e:00.0 (PCI ID: 10de:2330) installed in this", FaultLine::GpuNotice { pci: pci("0009:0e:00.0") }),
         ] {
             assert_eq!(parse(line), Some(want), "{line}");
         }
