@@ -29,9 +29,20 @@ pub enum DrillError {
     },
 }
 
-/// This boot's drill key: read from `<state_dir>/drill.key` when it was made in this boot,
-/// else made (from the kernel's random source) and saved, 0600.
-pub fn key(state_dir: &Path, boot_id: &str) -> Result<Vec<u8>, DrillError> {
+/// Who asks for the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder {
+    /// The daemon: a key made in another boot is replaced (old drills stop counting).
+    Daemon,
+    /// `gpu-agent inject`: the daemon's key, whatever boot it names (a process may see
+    /// another boot id than the service does: systemd-nspawn gives a container's processes
+    /// a boot id of its own); made only when there is none.
+    Drill,
+}
+
+/// The drill key in `<state_dir>/drill.key`; made (from the kernel's random source) and
+/// saved, 0600, when there is none, or, for the daemon, when it was made in another boot.
+pub fn key(state_dir: &Path, boot_id: &str, holder: Holder) -> Result<Vec<u8>, DrillError> {
     use std::os::unix::fs::PermissionsExt;
     let path = state_dir.join("drill.key");
     let io = |source| DrillError::Io {
@@ -40,7 +51,7 @@ pub fn key(state_dir: &Path, boot_id: &str) -> Result<Vec<u8>, DrillError> {
     };
     if let Ok(text) = std::fs::read_to_string(&path) {
         if let Some((boot, hex)) = text.trim().split_once(' ') {
-            if boot == boot_id {
+            if boot == boot_id || holder == Holder::Drill {
                 if let Some(key) = from_hex(hex) {
                     return Ok(key);
                 }
@@ -121,8 +132,16 @@ mod tests {
     #[test]
     fn only_the_keys_holder_marks_a_line_and_it_cannot_be_changed() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let key_a = key(dir.path(), "boot-1").expect("key");
-        assert_eq!(key(dir.path(), "boot-1").expect("same boot"), key_a);
+        let key_a = key(dir.path(), "boot-1", Holder::Daemon).expect("key");
+        assert_eq!(
+            key(dir.path(), "boot-1", Holder::Daemon).expect("same boot"),
+            key_a
+        );
+        // A drill uses the daemon's key even where it sees another boot id.
+        assert_eq!(
+            key(dir.path(), "container-boot", Holder::Drill).expect("drill"),
+            key_a
+        );
         let body = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=gpu-agent-inject, GPU has fallen off the bus.";
         let line = mark(&key_a, body);
         assert!(verify(&key_a, &line).is_some(), "{line}");
@@ -131,7 +150,7 @@ mod tests {
         let copied = line.replace(": 79,", ": 48,");
         assert!(verify(&key_a, &copied).is_none());
         // A new boot, a new key: yesterday's drills do not verify.
-        let key_b = key(dir.path(), "boot-2").expect("key");
+        let key_b = key(dir.path(), "boot-2", Holder::Daemon).expect("key");
         assert_ne!(key_a, key_b);
         assert!(verify(&key_b, &line).is_none());
         use std::os::unix::fs::PermissionsExt;

@@ -215,10 +215,20 @@ fn deb_installs_and_runs_on_a_real_systemd_boot() {
     let pci = format!("{domain:04x}:3b:00.0");
     let drill = container.exec(&["gpu-agent", "inject", "xid", "79", "--pci", &pci]);
     assert!(drill.status.success(), "gpu-agent inject: {drill:?}");
-    let after = wait(10, "the status line to change", || {
+    let changed = Instant::now() + Duration::from_secs(10);
+    let after = loop {
         let s = status_text();
-        (s != before).then_some(s)
-    });
+        if s != before {
+            break s;
+        }
+        assert!(
+            Instant::now() < changed,
+            "the status line did not change after the drill ({drill:?}):\n{}\n{}",
+            container.stdout(&["journalctl", "-u", "gpu-agent", "--no-pager", "-n", "40"]),
+            container.stdout(&["gpu-agent", "check"]),
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
     assert!(after.contains("fatal"), "status line: {after}");
 
     // The journal carries the fault as structured fields.

@@ -60,10 +60,13 @@ fn exposure(unit: &Path) -> f64 {
 #[test]
 fn exposure_scores_meet_the_target() {
     let dir = tempfile::tempdir().expect("tempdir");
-    // 2.8: root bounded to four capabilities, not a dynamic user (logind's delay lock is
-    // refused to one; see the unit file). The unprivileged-user item alone is 0.4.
+    // 2.6: root bounded to four capabilities, not a dynamic user (logind's delay lock is
+    // refused to one; see the unit file; the unprivileged-user item alone is 0.4), other
+    // users' processes visible only through CAP_SYS_PTRACE (ProtectProc=invisible), no
+    // netlink sockets. Each remaining item is a feature: the kernel log, devices for NVML,
+    // the network for IMDS/EC2/the API server, signals and /proc reads of other users.
     let daemon = exposure(&staged(dir.path(), "gpu-agent.service"));
-    assert!(daemon <= 2.8, "gpu-agent.service exposure {daemon} > 2.8");
+    assert!(daemon <= 2.6, "gpu-agent.service exposure {daemon} > 2.6");
     let oneshot = exposure(&staged(dir.path(), "gpu-agent-kubelet-config.service"));
     assert!(
         oneshot <= 2.5,

@@ -66,7 +66,7 @@ pub fn inject(loaded: &Loaded, what: &Inject) -> anyhow::Result<u8> {
     };
     // The drill mark: only a holder of this boot's key (root) can make a line count.
     let boot = host::boot_id(&config.procfs.root).unwrap_or_else(|| "unknown".into());
-    let key = crate::drill::key(&config.state_dir, &boot)
+    let key = crate::drill::key(&config.state_dir, &boot, crate::drill::Holder::Drill)
         .context("cannot read or make the drill key (injecting needs root)")?;
     let line = crate::drill::mark(&key, &line);
     write_line(&config.kmsg.path, &format!("<3>{line}"))?;

@@ -117,9 +117,15 @@ impl HostFacts {
     /// Kernel-log source settings, resuming after `cursor`; drills are recognised with this
     /// boot's drill key (made in the state directory if there is none yet).
     pub fn kmsg_settings(&self, config: &Config, cursor: Option<u64>) -> kmsg::Settings {
-        let drill_key = crate::drill::key(&config.state_dir, &self.boot_id)
-            .map_err(|e| tracing::warn!(error = %e, "No drill key: gpu-agent inject lines will not count."))
-            .ok();
+        let drill_key = crate::drill::key(
+            &config.state_dir,
+            &self.boot_id,
+            crate::drill::Holder::Daemon,
+        )
+        .map_err(
+            |e| tracing::warn!(error = %e, "No drill key: gpu-agent inject lines will not count."),
+        )
+        .ok();
         kmsg::Settings {
             path: config.kmsg.path.clone(),
             resume_after: cursor,

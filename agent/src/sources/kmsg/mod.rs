@@ -91,6 +91,8 @@ pub struct RecordReader {
     notice: Option<(crate::model::PciAddress, u64)>,
     /// The newest drill nonce accepted: an older or equal one is a replayed line.
     last_drill: u128,
+    /// A forged or replayed drill line was logged (once: they are counted as ignored).
+    bad_drill_logged: bool,
 }
 
 impl RecordReader {
@@ -104,6 +106,7 @@ impl RecordReader {
             sxid: None,
             notice: None,
             last_drill: 0,
+            bad_drill_logged: false,
         }
     }
 
@@ -117,13 +120,16 @@ impl RecordReader {
                 self.last_drill = nonce;
                 true
             }
-            Some(_) => {
-                tracing::warn!(line = %truncate(message.trim(), MAX_DETAIL), "A replayed drill line is ignored.");
-                false
-            }
-            None => {
-                if crate::drill::is_marked(message) {
-                    tracing::warn!(line = %truncate(message.trim(), MAX_DETAIL), "A line with a forged or altered drill mark is ignored.");
+            verified => {
+                if crate::drill::is_marked(message)
+                    && !std::mem::replace(&mut self.bad_drill_logged, true)
+                {
+                    let what = if verified.is_some() {
+                        "replayed"
+                    } else {
+                        "forged or altered"
+                    };
+                    tracing::warn!(line = %truncate(message.trim(), MAX_DETAIL), "A {what} drill line is ignored; such lines are counted in gpu_agent_kmsg_records_ignored_total (logged once).");
                 }
                 false
             }
