@@ -116,6 +116,7 @@ pub async fn lookup(settings: &Settings) -> Result<Option<Notice>, CapacityError
     let instance_id = get("instance-id").await?;
     let region = get("placement/region").await?;
     let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .http_client(super::imds::http_client())
         .region(aws_config::Region::new(region));
     if let Some(endpoint) = &settings.ec2_endpoint {
         loader = loader.endpoint_url(endpoint);

@@ -13,4 +13,4 @@ mod poll;
 
 pub use detect::ec2;
 #[cfg(feature = "clients")]
-pub use poll::{client, poll, run, Settings};
+pub use poll::{client, http_client, poll, run, Settings};

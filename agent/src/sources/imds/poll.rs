@@ -27,9 +27,30 @@ pub struct Settings {
     pub sysfs_root: PathBuf,
 }
 
+/// The HTTP(S) client every AWS call goes through: hyper on rustls with ring (the provider
+/// kube uses too), built once and shared (its connection pool with it).
+pub fn http_client() -> aws_sdk_ec2::config::SharedHttpClient {
+    use aws_smithy_http_client::tls;
+    static CLIENT: std::sync::OnceLock<aws_sdk_ec2::config::SharedHttpClient> =
+        std::sync::OnceLock::new();
+    CLIENT
+        .get_or_init(|| {
+            aws_smithy_http_client::Builder::new()
+                .tls_provider(tls::Provider::Rustls(
+                    tls::rustls_provider::CryptoMode::Ring,
+                ))
+                .build_https()
+        })
+        .clone()
+}
+
 /// Build the IMDS client: short timeouts (a poll must not pile up), two attempts.
 pub fn client(endpoint: Option<&str>) -> Result<aws_config::imds::Client, String> {
     let mut builder = aws_config::imds::Client::builder()
+        .configure(
+            &aws_config::provider_config::ProviderConfig::without_region()
+                .with_http_client(http_client()),
+        )
         .max_attempts(2)
         .connect_timeout(Duration::from_secs(1))
         .read_timeout(Duration::from_secs(1));
