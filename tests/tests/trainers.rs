@@ -134,6 +134,35 @@ fn pod_uid(host: &Host, n: u8) -> String {
     format!("{:08x}-2f6d-4c1e-9a0b-3d5e7f9a1c{n:02x}", host.domain)
 }
 
+/// A trainer's pod on this node: its fake GPU, its output directory, its container's cgroup.
+struct Pod {
+    gpu: PathBuf,
+    out: PathBuf,
+    cgroup: PodCgroup,
+}
+
+/// Pod `ml/<name>` (the `n`th of this host) with `annotations`, known to the API server;
+/// `None` where this machine cannot make a kubepods cgroup.
+fn pod(host: &Host, api: &KubeApi, n: u8, name: &str, annotations: &[(&str, &str)]) -> Option<Pod> {
+    let uid = pod_uid(host, n);
+    let container = format!("{n:02x}").repeat(32);
+    let Some(cgroup) = PodCgroup::create(&uid, &container) else {
+        eprintln!("skipping: cannot create a kubepods cgroup here");
+        return None;
+    };
+    api.add_pod_with_containers("ml", name, &uid, NODE, &[("trainer", &container)]);
+    for (key, value) in annotations {
+        api.annotate_pod("ml", name, key, value);
+    }
+    let out = host.dir.path().join(name);
+    std::fs::create_dir_all(&out).expect("out");
+    Some(Pod {
+        gpu: gpu_device(host.dir.path(), &format!("nvidia{n}")),
+        out,
+        cgroup,
+    })
+}
+
 /// The first checkpoint report in a snapshot.
 fn report(s: &Value) -> &Value {
     &s["checkpoints"][0]
@@ -158,17 +187,15 @@ fn torchrun_workers_save_on_the_signal_their_pod_declares_and_the_launcher_is_sp
     let host = Host::new();
     let imds = FakeImds::start();
     let api = KubeApi::start(&[NODE]);
-    let gpu = gpu_device(host.dir.path(), "nvidia0");
-    let out = host.dir.path().join("ddp");
-    std::fs::create_dir_all(&out).expect("out");
-    let uid = pod_uid(&host, 1);
-    let container = "7a".repeat(32);
-    let Some(cgroup) = PodCgroup::create(&uid, &container) else {
-        eprintln!("skipping: cannot create a kubepods cgroup here");
+    let Some(Pod { gpu, out, cgroup }) = pod(
+        &host,
+        &api,
+        1,
+        "ddp-0",
+        &[("gpu-agent.io/checkpoint-signal", "SIGTERM")],
+    ) else {
         return;
     };
-    api.add_pod_with_containers("ml", "ddp-0", &uid, NODE, &[("trainer", &container)]);
-    api.annotate_pod("ml", "ddp-0", "gpu-agent.io/checkpoint-signal", "SIGTERM");
     let agent = Agent::start(&agent_config(&host, &imds, Some(&api), ""), &host.socket());
 
     let torchrun = python.with_file_name("torchrun");
@@ -252,18 +279,18 @@ fn a_lightning_fit_saves_on_its_declared_signal_at_deadline_minus_its_declared_l
     let host = Host::new();
     let imds = FakeImds::start();
     let api = KubeApi::start(&[NODE]);
-    let gpu = gpu_device(host.dir.path(), "nvidia1");
-    let out = host.dir.path().join("fit");
-    std::fs::create_dir_all(&out).expect("out");
-    let uid = pod_uid(&host, 2);
-    let container = "7b".repeat(32);
-    let Some(cgroup) = PodCgroup::create(&uid, &container) else {
-        eprintln!("skipping: cannot create a kubepods cgroup here");
+    let Some(Pod { gpu, out, cgroup }) = pod(
+        &host,
+        &api,
+        2,
+        "fit-0",
+        &[
+            ("gpu-agent.io/checkpoint-signal", "SIGUSR2"),
+            ("gpu-agent.io/checkpoint-lead", "60s"),
+        ],
+    ) else {
         return;
     };
-    api.add_pod_with_containers("ml", "fit-0", &uid, NODE, &[("trainer", &container)]);
-    api.annotate_pod("ml", "fit-0", "gpu-agent.io/checkpoint-signal", "SIGUSR2");
-    api.annotate_pod("ml", "fit-0", "gpu-agent.io/checkpoint-lead", "60s");
     // The configured lead is 1 s: the pod's 60 s decide.
     let config = agent_config(
         &host,
