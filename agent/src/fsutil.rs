@@ -86,6 +86,41 @@ fn failpoint_before_rename(tmp: &Path) {
     }
 }
 
+/// Read `path` as JSON, else the backup [`write_atomic`] keeps. A file that is missing or
+/// unreadable is passed over; one that does not parse is moved aside to `<file>.corrupt` and
+/// named; one `accept` refuses (a format it does not know) is passed over with its reason.
+/// `what` names the contents in the log. Blocking.
+pub fn read_json_or_backup<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    what: &str,
+    accept: impl Fn(&T) -> Result<(), String>,
+) -> Option<T> {
+    for candidate in [path.to_path_buf(), backup_path(path)] {
+        let bytes = match std::fs::read(&candidate) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                tracing::warn!(path = %candidate.display(), error = %e, "Cannot read the {what}.");
+                continue;
+            }
+        };
+        match serde_json::from_slice::<T>(&bytes) {
+            Ok(value) => match accept(&value) {
+                Ok(()) => return Some(value),
+                Err(why) => {
+                    tracing::warn!(path = %candidate.display(), %why, "The {what} file is ignored.");
+                }
+            },
+            Err(e) => {
+                let aside = candidate.with_extension("corrupt");
+                tracing::warn!(path = %candidate.display(), error = %e, moved_to = %aside.display(), "The {what} file is corrupt; moved aside, trying the backup.");
+                let _ = std::fs::rename(&candidate, &aside);
+            }
+        }
+    }
+    None
+}
+
 /// Where [`write_atomic`] keeps the previous version.
 pub fn backup_path(path: &Path) -> PathBuf {
     let mut name = path.as_os_str().to_os_string();

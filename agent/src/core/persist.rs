@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::fsutil::{self, backup_path};
+use crate::fsutil;
 use crate::model::Fault;
 
 const FORMAT_VERSION: u32 = 1;
@@ -115,28 +115,11 @@ impl StateStore {
     /// Load the state: the file, else its backup (a corrupt file is logged and moved aside),
     /// else `None`.
     pub fn load(&self) -> Option<PersistedState> {
-        for path in [self.path.clone(), backup_path(&self.path)] {
-            let bytes = match std::fs::read(&path) {
-                Ok(bytes) => bytes,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %e, "Cannot read state file.");
-                    continue;
-                }
-            };
-            match serde_json::from_slice::<PersistedState>(&bytes) {
-                Ok(state) if state.version == FORMAT_VERSION => return Some(state),
-                Ok(state) => {
-                    tracing::warn!(path = %path.display(), version = state.version, "State file has an unknown format version; ignored.");
-                }
-                Err(e) => {
-                    let aside = path.with_extension("corrupt");
-                    tracing::warn!(path = %path.display(), error = %e, moved_to = %aside.display(), "State file is corrupt; moved aside.");
-                    let _ = std::fs::rename(&path, &aside);
-                }
-            }
-        }
-        None
+        fsutil::read_json_or_backup(&self.path, "state", |state: &PersistedState| {
+            (state.version == FORMAT_VERSION)
+                .then_some(())
+                .ok_or_else(|| format!("unknown format version {}", state.version))
+        })
     }
 
     /// Save the state atomically (with a backup of the previous one).

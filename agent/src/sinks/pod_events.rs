@@ -54,8 +54,7 @@ fn pod_event(
     pod: &NodePod,
     holders: &[GpuHolder],
 ) -> (String, serde_json::Value) {
-    let hash = crate::model::stable_hash(&format!("{}|{}", fault_key(fault), pod.uid));
-    let name = format!("{}.gpu-agent.{hash:016x}", pod.name);
+    let name = pod.event_name(&format!("{}|{}", fault_key(fault), pod.uid));
     let pci = match fault.component {
         Component::Gpu { pci } => pci.to_string(),
         _ => String::new(),
@@ -79,21 +78,18 @@ fn pod_event(
         fault.detail,
         event_name(node, fault),
     );
-    let body = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": { "name": name, "namespace": pod.namespace },
-        "involvedObject": { "apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace, "uid": pod.uid },
-        "reason": fault.reason(),
-        "message": message,
-        "type": "Warning",
-        "count": fault.count,
-        "firstTimestamp": crate::model::time::rfc3339(fault.first_seen),
-        "lastTimestamp": crate::model::time::rfc3339(fault.last_seen),
-        "source": { "component": "gpu-agent", "host": node },
-        "reportingComponent": "gpu-agent",
-        "reportingInstance": node,
-    });
+    let body = pod.event(
+        &name,
+        &super::kubernetes::PodEvent {
+            reason: &fault.reason(),
+            type_: "Warning",
+            message: &message,
+            count: fault.count,
+            first: fault.first_seen,
+            last: fault.last_seen,
+        },
+        node,
+    );
     (name, body)
 }
 

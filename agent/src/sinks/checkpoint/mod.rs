@@ -655,7 +655,7 @@ async fn update_notice_file(
     *written = key;
 }
 
-/// An Event on `pod`, named deterministically from `key` (a restarted agent finds it again).
+/// A one-off Event on `pod` (count 1, now), named from `key`.
 #[cfg(feature = "clients")]
 fn pod_event(
     pod: &super::kubernetes::NodePod,
@@ -664,23 +664,16 @@ fn pod_event(
     message: &str,
     node: &str,
 ) -> serde_json::Value {
-    let now = crate::model::time::rfc3339(SystemTime::now());
-    let hash = crate::model::stable_hash(key);
-    serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": { "name": format!("{}.gpu-agent.{hash:016x}", pod.name), "namespace": pod.namespace },
-        "involvedObject": { "apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace, "uid": pod.uid },
-        "reason": reason,
-        "message": message,
-        "type": type_,
-        "count": 1,
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "source": { "component": "gpu-agent", "host": node },
-        "reportingComponent": "gpu-agent",
-        "reportingInstance": node,
-    })
+    let now = SystemTime::now();
+    let event = super::kubernetes::PodEvent {
+        reason,
+        type_,
+        message,
+        count: 1,
+        first: now,
+        last: now,
+    };
+    pod.event(&pod.event_name(key), &event, node)
 }
 
 /// One Event per pod whose processes were signalled, when the watch ends: Normal

@@ -59,26 +59,8 @@ pub struct Record {
 impl Record {
     /// Load `path`; a missing or unreadable file is an empty record.
     pub fn load(path: &Path) -> Self {
-        for candidate in [path.to_path_buf(), crate::fsutil::backup_path(path)] {
-            let bytes = match std::fs::read(&candidate) {
-                Ok(bytes) => bytes,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => {
-                    tracing::warn!(path = %candidate.display(), error = %e, "Cannot read the signalled notices.");
-                    continue;
-                }
-            };
-            match serde_json::from_slice(&bytes) {
-                Ok(record) => return record,
-                Err(e) => {
-                    // Said, and kept for a look: an empty record may signal a notice again.
-                    let aside = candidate.with_extension("corrupt");
-                    tracing::warn!(path = %candidate.display(), error = %e, moved_to = %aside.display(), "The signalled notices are corrupt; moved aside, trying the backup.");
-                    let _ = std::fs::rename(&candidate, &aside);
-                }
-            }
-        }
-        Self::default()
+        crate::fsutil::read_json_or_backup(path, "signalled notices", |_: &Self| Ok(()))
+            .unwrap_or_default()
     }
 
     /// Save to `path` atomically (blocking: call it on the blocking pool).

@@ -350,3 +350,51 @@ pub struct NodePod {
     /// Its annotations.
     pub annotations: std::collections::BTreeMap<String, String>,
 }
+
+/// What an Event on a pod says.
+#[derive(Debug, Clone, Copy)]
+pub struct PodEvent<'a> {
+    /// `reason` (`CheckpointSignal`, `NvidiaXID79Error`, ...).
+    pub reason: &'a str,
+    /// `Warning` or `Normal`.
+    pub type_: &'a str,
+    /// The message.
+    pub message: &'a str,
+    /// How many times it happened.
+    pub count: u64,
+    /// First time.
+    pub first: std::time::SystemTime,
+    /// Latest time.
+    pub last: std::time::SystemTime,
+}
+
+impl NodePod {
+    /// The name of the Event `key` identifies on this pod: deterministic, so a restarted
+    /// agent finds its Event again.
+    pub fn event_name(&self, key: &str) -> String {
+        format!(
+            "{}.gpu-agent.{:016x}",
+            self.name,
+            crate::model::stable_hash(key)
+        )
+    }
+
+    /// The Event `name` on this pod, reported by gpu-agent on `node`.
+    pub fn event(&self, name: &str, event: &PodEvent<'_>, node: &str) -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": { "name": name, "namespace": self.namespace },
+            "involvedObject": { "apiVersion": "v1", "kind": "Pod", "name": self.name, "namespace": self.namespace, "uid": self.uid },
+            "reason": event.reason,
+            "message": event.message,
+            "type": event.type_,
+            "count": event.count,
+            "firstTimestamp": crate::model::time::rfc3339(event.first),
+            "lastTimestamp": crate::model::time::rfc3339(event.last),
+            "source": { "component": "gpu-agent", "host": node },
+            "reportingComponent": "gpu-agent",
+            "reportingInstance": node,
+        })
+    }
+}

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-pub use client::{ApiError, NodeApi, NodePod};
+pub use client::{ApiError, NodeApi, NodePod, PodEvent};
 
 use crate::model::{NodeName, Observation};
 
