@@ -2,8 +2,11 @@
 //! inside it with `nsenter`.
 //!
 //! The rootfs is made once by `debootstrap` and cached outside the repository
-//! (`GPU_AGENT_TEST_ROOTFS`, default `/var/cache/gpu-agent-tests/bookworm`); every boot runs
-//! on a throwaway overlay (`--volatile=overlay`), so the cache stays pristine.
+//! (`GPU_AGENT_TEST_ROOTFS`, default `/var/cache/gpu-agent-tests/bookworm-<packages>`, named
+//! for what it holds beyond minbase, so that a new package makes a new cache); every boot runs
+//! on a throwaway overlay (`--volatile=overlay`), so the cache stays pristine. It has polkitd,
+//! as the package depends on it: logind asks polkit before it gives the agent's system user
+//! its shutdown delay lock.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -11,8 +14,14 @@ use std::time::{Duration, Instant};
 
 /// The cached rootfs, made on first use (about a minute from the Debian mirror apt uses).
 pub fn rootfs() -> PathBuf {
+    const PACKAGES: &str = "systemd-sysv,dbus,libpam-systemd,polkitd";
     let root = std::env::var_os("GPU_AGENT_TEST_ROOTFS").map_or_else(
-        || PathBuf::from("/var/cache/gpu-agent-tests/bookworm"),
+        || {
+            PathBuf::from(format!(
+                "/var/cache/gpu-agent-tests/bookworm-{}",
+                PACKAGES.replace(',', "-")
+            ))
+        },
         PathBuf::from,
     );
     if root.join("usr/lib/systemd/systemd").exists() {
@@ -23,11 +32,9 @@ pub fn rootfs() -> PathBuf {
     std::fs::create_dir_all(root.parent().expect("rootfs parent")).expect("cache dir");
     crate::run_ok(
         Command::new("debootstrap")
-            .args([
-                "--variant=minbase",
-                "--include=systemd-sysv,dbus",
-                "bookworm",
-            ])
+            .arg("--variant=minbase")
+            .arg(format!("--include={PACKAGES}"))
+            .arg("bookworm")
             .arg(&partial),
         "apt install debootstrap, or run the suite with scripts/test.sh, which installs it",
     );

@@ -68,6 +68,8 @@ fn rpm_has_the_files_config_and_scriptlets() {
         "/usr/lib/systemd/system/gpu-agent.service",
         "/usr/lib/systemd/system/gpu-agent-kubelet-config.service",
         "/usr/lib/systemd/logind.conf.d/50-gpu-agent.conf",
+        "/usr/lib/sysusers.d/gpu-agent.conf",
+        "/usr/share/polkit-1/rules.d/50-gpu-agent.rules",
         "/usr/share/doc/gpu-agent/README.md",
         "/usr/share/licenses/gpu-agent/LICENSE",
     ] {
@@ -79,6 +81,7 @@ fn rpm_has_the_files_config_and_scriptlets() {
     let scripts = run(Command::new("rpm").arg("-qp").arg("--scripts").arg(&rpm));
     for expected in [
         "postinstall scriptlet",
+        "systemd-sysusers gpu-agent.conf",
         "systemctl enable gpu-agent.service gpu-agent-kubelet-config.service",
         "preuninstall scriptlet",
         "systemctl disable --now",
@@ -90,10 +93,12 @@ fn rpm_has_the_files_config_and_scriptlets() {
     let info = run(Command::new("rpm").arg("-qip").arg(&rpm));
     assert!(info.contains("License     : Apache-2.0"), "{info}");
     let requires = run(Command::new("rpm").arg("-qRp").arg(&rpm));
-    assert!(
-        requires.lines().any(|l| l.starts_with("systemd")),
-        "{requires}"
-    );
+    for needed in ["systemd", "polkit"] {
+        assert!(
+            requires.lines().any(|l| l.starts_with(needed)),
+            "{needed} not in: {requires}"
+        );
+    }
 }
 
 #[test]
@@ -106,11 +111,19 @@ fn deb_declares_conffile_and_enables_units() {
     assert_eq!(listed.trim(), "/etc/gpu-agent/config.toml");
     let postinst = std::fs::read_to_string(dir.path().join("postinst")).expect("postinst");
     assert!(postinst.contains("gpu-agent.service") && postinst.contains("deb-systemd-helper"));
+    // The system user is made before the unit is started.
+    let sysusers = postinst.find("systemd-sysusers gpu-agent.conf").expect("sysusers");
+    let start = postinst.find("deb-systemd-invoke").expect("start");
+    assert!(sysusers < start, "{postinst}");
+    let control = std::fs::read_to_string(dir.path().join("control")).expect("control");
+    assert!(control.contains("polkitd | policykit-1"), "{control}");
     let contents = run(Command::new("dpkg-deb").arg("-c").arg(&deb));
     for path in [
         "./usr/bin/gpu-agent",
         "./usr/lib/systemd/system/gpu-agent.service",
         "./usr/lib/systemd/system/gpu-agent-kubelet-config.service",
+        "./usr/lib/sysusers.d/gpu-agent.conf",
+        "./usr/share/polkit-1/rules.d/50-gpu-agent.rules",
         "./usr/share/doc/gpu-agent/copyright",
     ] {
         assert!(contents.contains(path), "{path} not in: {contents}");
@@ -140,6 +153,23 @@ fn deb_installs_and_runs_on_a_real_systemd_boot() {
         &work.path().join("console.log"),
     );
     container.wait_booted();
+
+    // A site that does not give inhibitor locks to every user (the action's default made
+    // "no"): the package's polkit rule still gives the agent's system user its delay lock.
+    let strict = container.exec(&[
+        "sed",
+        "-i",
+        "/inhibit-delay-shutdown\"/,/<\\/action>/s|<allow_any>yes<|<allow_any>no<|",
+        "/usr/share/polkit-1/actions/org.freedesktop.login1.policy",
+    ]);
+    assert!(strict.status.success(), "sed: {strict:?}");
+    let policy = container.stdout(&[
+        "grep",
+        "-A12",
+        "inhibit-delay-shutdown\"",
+        "/usr/share/polkit-1/actions/org.freedesktop.login1.policy",
+    ]);
+    assert!(policy.contains("<allow_any>no</allow_any>"), "{policy}");
 
     // `apt install ./gpu-agent_*.deb`, as a user would: dpkg's postinst enables and starts it.
     let inside = format!(
@@ -171,8 +201,18 @@ fn deb_installs_and_runs_on_a_real_systemd_boot() {
         std::thread::sleep(Duration::from_millis(100));
     }
 
-    // The service's unprivileged DynamicUser may take logind's shutdown delay lock: a host
-    // shutdown waits for the checkpoint (not only against the fake logind).
+    // It runs as the gpu-agent system user, not root (issue 21), with exactly its four
+    // capabilities, ...
+    let pid = container.stdout(&["systemctl", "show", "-P", "MainPID", "gpu-agent"]);
+    let owner = container.stdout(&["stat", "-c", "%U", &format!("/proc/{pid}")]);
+    assert_eq!(owner, "gpu-agent", "main PID {pid}");
+    let caps = container.stdout(&["grep", "^CapEff", &format!("/proc/{pid}/status")]);
+    // CAP_KILL (5), CAP_SYS_PTRACE (19), CAP_DAC_OVERRIDE (1), CAP_SYSLOG (34).
+    let expected = (1u64 << 5) | (1 << 19) | (1 << 1) | (1 << 34);
+    assert!(caps.ends_with(&format!("{expected:016x}")), "{caps}");
+
+    // ... and that user may take logind's shutdown delay lock (polkit, the package's rule):
+    // a host shutdown waits for the checkpoint (not only against the fake logind).
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let list = container.stdout(&["systemd-inhibit", "--list", "--no-pager"]);
@@ -246,6 +286,20 @@ fn deb_installs_and_runs_on_a_real_systemd_boot() {
         journal["ACTION"].is_string() && journal["SEVERITY"] == "fatal",
         "{journal}"
     );
+
+    // Without the package's polkit rule (on this strict site) logind refuses the lock, and
+    // the agent runs on and says so.
+    let unruled = container.exec(&["rm", "/usr/share/polkit-1/rules.d/50-gpu-agent.rules"]);
+    assert!(unruled.status.success(), "rm: {unruled:?}");
+    let restart = container.exec(&["systemctl", "restart", "polkit", "gpu-agent"]);
+    assert!(restart.status.success(), "systemctl restart: {restart:?}");
+    let refused = wait(10, "the refused lock in `gpu-agent status`", || {
+        let out = container.stdout(&["gpu-agent", "status"]);
+        out.contains("refused the shutdown delay lock").then_some(out)
+    });
+    assert!(refused.contains("polkit"), "{refused}");
+    let list = container.stdout(&["systemd-inhibit", "--list", "--no-pager"]);
+    assert!(!list.contains("gpu-agent"), "{list}");
 
     // A clean stop: exit 0 on SIGTERM, nothing killed.
     let stop = container.exec(&["systemctl", "stop", "gpu-agent"]);

@@ -77,15 +77,29 @@ pub async fn run(
         let connection = connect(&settings).await?;
         let manager = ManagerProxy::new(&connection).await?;
         let signals = manager.receive_prepare_for_shutdown().await?;
-        let lock = inhibit(&manager).await?;
-        zbus::Result::Ok((connection, manager, signals, lock))
+        zbus::Result::Ok((connection, manager, signals))
     };
-    let (_connection, manager, mut signals, lock) = match setup.await {
+    let (_connection, manager, mut signals) = match setup.await {
         Ok(parts) => parts,
         Err(e) => {
             let reason = format!("systemd-logind not reachable: {e}");
             tracing::info!(%reason, "Logind source is off.");
             let _ = tx.send(state(SourceState::Off(reason))).await;
+            return;
+        }
+    };
+    let lock = match inhibit(&manager).await {
+        Ok(lock) => lock,
+        Err(e) => {
+            // logind grants a delay lock to root, and to other users where polkit allows it
+            // (the packages run the agent as the `gpu-agent` system user and ship the rule).
+            let reason = format!(
+                "systemd-logind refused the shutdown delay lock to uid {} \
+                 (for a user other than root it asks polkit: is polkitd installed and running?): {e}",
+                rustix::process::geteuid().as_raw()
+            );
+            tracing::error!(%reason, "A host shutdown will not wait for checkpoints.");
+            let _ = tx.send(state(SourceState::Failed(reason))).await;
             return;
         }
     };
