@@ -367,6 +367,16 @@ impl Agent {
 
     /// [`Agent::start`] with extra environment variables (`NOTIFY_SOCKET`, ...).
     pub fn start_with_env(config: &Path, socket: &Path, env: &[(&str, &str)]) -> Self {
+        Self::spawn(config, socket, env, &[])
+    }
+
+    /// [`Agent::start`] under `wrapper`, a command that runs the rest of its command line
+    /// (`setpriv ...`, to run the daemon as another user with given capabilities).
+    pub fn start_under(config: &Path, socket: &Path, wrapper: &[String]) -> Self {
+        Self::spawn(config, socket, &[], wrapper)
+    }
+
+    fn spawn(config: &Path, socket: &Path, env: &[(&str, &str)], wrapper: &[String]) -> Self {
         let log = config.with_file_name(format!(
             "agent-{}.log",
             Instant::now().elapsed().as_nanos() ^ u128::from(unique_domain())
@@ -377,6 +387,10 @@ impl Agent {
             c.arg("-c")
                 .arg("WATCHDOG_PID=$$ exec \"$0\" \"$@\"")
                 .arg(binary());
+            c
+        } else if let Some((program, args)) = wrapper.split_first() {
+            let mut c = Command::new(program);
+            c.args(args).arg(binary());
             c
         } else {
             Command::new(binary())

@@ -54,19 +54,36 @@ impl Trainer {
         device: Option<&Path>,
         env: &[(&str, &str)],
     ) -> Self {
+        Self::start_as(dir, name, mode, device, env, None)
+    }
+
+    /// [`Trainer::start`], as user and group `uid` when given (`dir` must let it write).
+    pub fn start_as(
+        dir: &Path,
+        name: &str,
+        mode: &str,
+        device: Option<&Path>,
+        env: &[(&str, &str)],
+        uid: Option<u32>,
+    ) -> Self {
+        use std::os::unix::process::CommandExt;
         let script = dir.join("trainer.py");
         std::fs::write(&script, TRAINER).expect("script");
         let marker = dir.join(format!("{name}.signals"));
+        let mut command = Command::new("python3");
+        if let Some(uid) = uid {
+            command.uid(uid).gid(uid);
+        }
         // Its own process group, so a forked worker goes with it.
-        let child =
-            std::os::unix::process::CommandExt::process_group(&mut Command::new("python3"), 0)
-                .arg(&script)
-                .arg(mode)
-                .arg(&marker)
-                .arg(device.map_or_else(|| "-".into(), |d| d.to_string_lossy().into_owned()))
-                .envs(env.iter().copied())
-                .spawn()
-                .expect("python3");
+        let child = command
+            .process_group(0)
+            .arg(&script)
+            .arg(mode)
+            .arg(&marker)
+            .arg(device.map_or_else(|| "-".into(), |d| d.to_string_lossy().into_owned()))
+            .envs(env.iter().copied())
+            .spawn()
+            .expect("python3");
         let ready = marker.with_extension("signals.ready");
         let deadline = Instant::now() + Duration::from_secs(10);
         while !ready.exists() {

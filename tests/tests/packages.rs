@@ -112,7 +112,9 @@ fn deb_declares_conffile_and_enables_units() {
     let postinst = std::fs::read_to_string(dir.path().join("postinst")).expect("postinst");
     assert!(postinst.contains("gpu-agent.service") && postinst.contains("deb-systemd-helper"));
     // The system user is made before the unit is started.
-    let sysusers = postinst.find("systemd-sysusers gpu-agent.conf").expect("sysusers");
+    let sysusers = postinst
+        .find("systemd-sysusers gpu-agent.conf")
+        .expect("sysusers");
     let start = postinst.find("deb-systemd-invoke").expect("start");
     assert!(sysusers < start, "{postinst}");
     let control = std::fs::read_to_string(dir.path().join("control")).expect("control");
@@ -295,7 +297,8 @@ fn deb_installs_and_runs_on_a_real_systemd_boot() {
     assert!(restart.status.success(), "systemctl restart: {restart:?}");
     let refused = wait(10, "the refused lock in `gpu-agent status`", || {
         let out = container.stdout(&["gpu-agent", "status"]);
-        out.contains("refused the shutdown delay lock").then_some(out)
+        out.contains("refused the shutdown delay lock")
+            .then_some(out)
     });
     assert!(refused.contains("polkit"), "{refused}");
     let list = container.stdout(&["systemd-inhibit", "--list", "--no-pager"]);
