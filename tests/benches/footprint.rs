@@ -9,7 +9,9 @@
 //! only), `kmsg+imds` (and IMDS polled every second), `kmsg+imds+kube` (and the Kubernetes
 //! sink), or `all` (default). Besides RSS and CPU it prints where the resident memory is, from
 //! `/proc/PID/smaps`: the binary's own pages, shared libraries, heap and other anonymous
-//! memory, stacks.
+//! memory, stacks. The idle window starts after the daemon has handed start-up's pages back
+//! to the kernel (`page_out_after`, a minute; `FOOTPRINT_PAGE_OUT_AFTER` overrides it, "0s"
+//! for never).
 //!
 //! `sudo tests/bench.sh footprint`, or
 //! `sudo GPU_AGENT_BIN=target/release/gpu-agent FOOTPRINT_SECS=600 \
@@ -52,8 +54,12 @@ fn main() {
     let which = std::env::var("FOOTPRINT_CONFIG").unwrap_or_else(|_| "all".into());
     let on = |part: &str| which == "all" || which.split('+').any(|p| p == part);
     let off = |section: &str| format!("[{section}]\nenabled = false\n");
+    // FOOTPRINT_PAGE_OUT_AFTER overrides `page_out_after` ("0s": never, to compare).
+    let page_out = std::env::var("FOOTPRINT_PAGE_OUT_AFTER")
+        .map(|v| format!("page_out_after = {v:?}\n"))
+        .unwrap_or_default();
     let config = host.config(&format!(
-        "node_name = \"bench-node\"\n{}{}{}{}{}{}",
+        "node_name = \"bench-node\"\n{page_out}{}{}{}{}{}{}",
         if on("nvml") {
             format!("[nvml]\nlibrary = {:?}\nexpected_gpus = 8\n", fake_nvml())
         } else {
@@ -135,9 +141,28 @@ fn main() {
         sources.join(" ")
     );
 
-    // Settle (first polls, first PATCH), then measure.
+    // Settle (first polls, first PATCH), then measure. With the default config the daemon
+    // hands start-up's pages back to the kernel a minute after start (`page_out_after`):
+    // the idle window starts after that, as a node sees it for the rest of its life.
     std::thread::sleep(Duration::from_secs(5));
     let pid = agent.pid();
+    println!(
+        "after start-up (5 s after READY): RSS {} KiB",
+        status_kib(pid, "VmRSS:")
+    );
+    let handed_back = Instant::now() + Duration::from_secs(90);
+    let line = loop {
+        let log = agent.log();
+        if let Some(l) = log.lines().find(|l| l.contains("Start-up pages")) {
+            break l.to_string();
+        }
+        if Instant::now() > handed_back {
+            break "no page-out within 90 s".to_string();
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    println!("page-out: {}", line.trim());
+    std::thread::sleep(Duration::from_secs(5));
     let lists0 = kubelet.list_calls();
     let (ticks0, ns0, t0) = (cpu_ticks(pid), cpu_ns_live_threads(pid), Instant::now());
     let mut rss_max = 0;

@@ -265,6 +265,14 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
     systemd::ready(&summary);
     tracing::info!(%summary, "Ready.");
 
+    let page_out_after = config.page_out_after.0;
+    if !page_out_after.is_zero() {
+        tokio::spawn(async move {
+            tokio::time::sleep(page_out_after).await;
+            page_out_program().await;
+        });
+    }
+
     tokio::select! {
         _ = sigterm.recv() => tracing::info!("SIGTERM received; stopping."),
         _ = sigint.recv() => tracing::info!("SIGINT received; stopping."),
@@ -279,6 +287,19 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
     }
     tracing::info!("Stopped.");
     Ok(0)
+}
+
+/// Hand the program's resident pages back to the kernel (see [`crate::host::resident`]).
+async fn page_out_program() {
+    match tokio::task::spawn_blocking(crate::host::resident::page_out_program).await {
+        Ok(Ok(out)) => tracing::info!(
+            rss_before_kib = out.rss_before_kib,
+            rss_after_kib = out.rss_after_kib,
+            "Start-up pages handed back to the kernel."
+        ),
+        Ok(Err(e)) => tracing::info!(error = %e, "Start-up pages stay resident."),
+        Err(e) => tracing::warn!(error = %e, "Page-out task failed."),
+    }
 }
 
 /// `[checkpoint] hold`, at most `[logind] max_delay`: the shutdown lock goes by then anyway

@@ -69,6 +69,10 @@ pub struct Config {
     pub escalate_after_repeats: u32,
     /// The window of `escalate_after_boots` and `escalate_after_repeats`.
     pub escalate_window: HumanDuration,
+    /// After the daemon has run this long, the pages of its own program that start-up
+    /// touched are handed back to the kernel (`MADV_PAGEOUT`): code that ran once does not
+    /// stay resident; what the idle loop uses comes back on use. `0s`: never.
+    pub page_out_after: HumanDuration,
     /// The status socket.
     pub status: StatusConfig,
     /// The kernel-log source.
@@ -491,6 +495,7 @@ impl Default for Config {
             escalate_after_boots: 3,
             escalate_after_repeats: 5,
             escalate_window: HumanDuration(std::time::Duration::from_secs(24 * 3600)),
+            page_out_after: HumanDuration(std::time::Duration::from_secs(60)),
             status: StatusConfig::default(),
             kmsg: KmsgConfig::default(),
             sysfs: SysfsConfig::default(),

@@ -5,6 +5,7 @@ mod dmi;
 pub mod node_name;
 mod pci;
 pub mod proc_read;
+pub mod resident;
 
 pub use boot::{boot_id, boot_time, driver_branch};
 pub use dmi::instance_type;
