@@ -182,6 +182,48 @@ fn main() {
         kubelet.list_calls() - lists0
     );
     println!("resident memory by mapping (KiB): {}", breakdown(pid));
+
+    // The first fault after the idle window: its code was handed back with start-up's and
+    // is read back from the page cache or the disk on the way.
+    let injected = Instant::now();
+    gpu_agent_e2e::inject(&format!(
+        "NVRM: Xid (PCI:{}): 79, pid=1, name=bench, GPU has fallen off the bus.",
+        host.gpu_bdf(0)
+    ));
+    let mut to_patch = None;
+    let to_status = loop {
+        let shown = agent
+            .snapshot()
+            .is_some_and(|s| !gpu_agent_e2e::faults_on(&s, &host).is_empty());
+        if shown {
+            break injected.elapsed();
+        }
+        assert!(
+            injected.elapsed() < Duration::from_secs(10),
+            "the Xid was not shown"
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    };
+    if on("kube") {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while to_patch.is_none() && Instant::now() < deadline {
+            to_patch = api
+                .requests()
+                .iter()
+                .find(|r| r.method == "PATCH" && r.at > injected && r.body.contains("Xid"))
+                .map(|r| r.at - injected);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    println!(
+        "first Xid after the idle window: in status after {:.1} ms{}; RSS then {} KiB",
+        to_status.as_secs_f64() * 1e3,
+        to_patch.map_or(String::new(), |d| format!(
+            ", node condition PATCH after {:.1} ms",
+            d.as_secs_f64() * 1e3
+        )),
+        status_kib(pid, "VmRSS:")
+    );
     drop(agent);
 }
 
