@@ -3,7 +3,10 @@
 #
 #   sudo tests/bench.sh [all|size|footprint|latency|flood|throughput]   (default: all)
 #
-# Knobs: FOOTPRINT_SECS (600), FOOTPRINT_RUNS (1), FLOOD_RATE (100000), FLOOD_SECS (60).
+# Knobs: FOOTPRINT_SECS (600), FOOTPRINT_RUNS (1), FOOTPRINT_PAGE_OUT_AFTER (the config's
+# page_out_after, 1m; the idle window starts after the page-out), FLOOD_RATE (100000),
+# FLOOD_SECS (60). Run `cargo bench -p gpu-agent --no-default-features` only after the
+# footprint: cargo puts that build's binary (no network clients) at target/release/gpu-agent.
 # The flood overwrites the shared kernel log and the latency runs inject into it: run this
 # alone, not beside the test suite.
 set -euo pipefail

@@ -295,7 +295,7 @@ async fn page_out_program() {
         Ok(Ok(out)) => tracing::info!(
             rss_before_kib = out.rss_before_kib,
             rss_after_kib = out.rss_after_kib,
-            "Start-up pages handed back to the kernel."
+            "Start-up pages handed back (unmapped; kept in the page cache)."
         ),
         Ok(Err(e)) => tracing::info!(error = %e, "Start-up pages stay resident."),
         Err(e) => tracing::warn!(error = %e, "Page-out task failed."),

@@ -70,8 +70,8 @@ pub struct Config {
     /// The window of `escalate_after_boots` and `escalate_after_repeats`.
     pub escalate_window: HumanDuration,
     /// After the daemon has run this long, the pages of its own program that start-up
-    /// touched are handed back to the kernel (`MADV_PAGEOUT`): code that ran once does not
-    /// stay resident; what the idle loop uses comes back on use. `0s`: never.
+    /// touched are unmapped from it (`MADV_DONTNEED`; they stay in the page cache): code that
+    /// ran once does not stay resident; what the idle loop uses comes back on use. `0s`: never.
     pub page_out_after: HumanDuration,
     /// The status socket.
     pub status: StatusConfig,
