@@ -131,11 +131,10 @@ pub fn page_out_program() -> Result<PagedOut, ResidentError> {
         path: "/proc/self/exe".into(),
         source,
     })?;
-    let exe = PathBuf::from(
-        exe.to_string_lossy()
-            .strip_suffix(" (deleted)")
-            .map_or_else(|| exe.clone(), PathBuf::from),
-    );
+    let exe = exe
+        .to_string_lossy()
+        .strip_suffix(" (deleted)")
+        .map_or_else(|| exe.clone(), PathBuf::from);
     let smaps =
         std::fs::read_to_string("/proc/self/smaps").map_err(|source| ResidentError::Read {
             path: "/proc/self/smaps".into(),
