@@ -431,6 +431,16 @@ impl Agent {
         Some(value["snapshot"].clone())
     }
 
+    /// Poll the snapshot until source `source` is on; panics after `timeout`.
+    pub fn wait_for_source_on(&self, timeout: Duration, source: &str) -> Value {
+        self.wait_for(timeout, |s| {
+            s["sources"].as_array().is_some_and(|a| {
+                a.iter()
+                    .any(|x| x["source"] == source && x["state"] == "on")
+            })
+        })
+    }
+
     /// Poll the snapshot until `pred` holds; panics with the last snapshot after `timeout`.
     pub fn wait_for(&self, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Value {
         let deadline = Instant::now() + timeout;

@@ -61,12 +61,7 @@ fn a_spot_notice_signals_handlers_once_and_never_a_process_without_one() {
     assert!(handler.signals().is_empty(), "a dry run signals nobody");
 
     let agent = Agent::start(&config, &host.socket());
-    agent.wait_for(Duration::from_secs(5), |s| {
-        s["sources"].as_array().is_some_and(|a| {
-            a.iter()
-                .any(|x| x["source"] == "imds" && x["state"] == "on")
-        })
-    });
+    agent.wait_for_source_on(Duration::from_secs(5), "imds");
     let deadline = rfc3339(SystemTime::now() + Duration::from_secs(120));
     imds.set_spot(Some(&format!(
         r#"{{"action": "terminate", "time": "{deadline}"}}"#

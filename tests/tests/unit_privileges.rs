@@ -108,12 +108,7 @@ fn the_units_user_and_capabilities_signal_another_users_trainer_and_reach_the_ku
             .any(|l| l.starts_with("Uid:") && l.contains(&id)),
         "{status}"
     );
-    agent.wait_for(Duration::from_secs(5), |s| {
-        s["sources"].as_array().is_some_and(|a| {
-            a.iter()
-                .any(|x| x["source"] == "imds" && x["state"] == "on")
-        })
-    });
+    agent.wait_for_source_on(Duration::from_secs(5), "imds");
 
     let deadline = rfc3339(SystemTime::now() + Duration::from_secs(120));
     imds.set_spot(Some(&format!(

@@ -26,6 +26,9 @@ pub enum ResidentError {
         /// The error.
         source: std::io::Error,
     },
+    /// `/proc/self/smaps` lists no clean mapping of the program to hand back.
+    #[error("no clean mapping of {0} in /proc/self/smaps")]
+    NoMappings(PathBuf),
     /// The kernel refused the advice.
     #[error("madvise(MADV_DONTNEED) failed: {0}")]
     Advise(rustix::io::Errno),
@@ -123,10 +126,6 @@ fn rss_kib() -> u64 {
 
 /// Hand the resident pages of this program's own mappings back to the kernel.
 pub fn page_out_program() -> Result<PagedOut, ResidentError> {
-    let read = |path: &str| ResidentError::Read {
-        path: path.into(),
-        source: std::io::Error::other("unreadable"),
-    };
     let exe = std::fs::read_link("/proc/self/exe").map_err(|source| ResidentError::Read {
         path: "/proc/self/exe".into(),
         source,
@@ -142,7 +141,7 @@ pub fn page_out_program() -> Result<PagedOut, ResidentError> {
         })?;
     let mappings = clean_program_mappings(&smaps, &exe);
     if mappings.is_empty() {
-        return Err(read("/proc/self/smaps"));
+        return Err(ResidentError::NoMappings(exe));
     }
     let rss_before_kib = rss_kib();
     let mut advised = 0;
