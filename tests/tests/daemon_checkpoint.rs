@@ -602,3 +602,90 @@ fn the_notice_file_survives_an_agent_restart_during_an_ending() {
     });
     assert!(agent.stop().success());
 }
+
+/// Issue 26 (H1): an ack file is a tenant's input, read with the agent's powers. A link to
+/// /dev/zero, a FIFO, a sparse terabyte and a relative link out of the process's root are
+/// each refused unread: the agent's memory stays flat, nothing of any target file reaches
+/// its log, those processes stay unconfirmed, and an honest ack beside them still confirms.
+#[test]
+fn hostile_ack_files_are_refused_unread_and_the_agent_stays_small() {
+    use gpu_agent_e2e::status_kib;
+    let host = Host::new();
+    let imds = FakeImds::start();
+    let gpu = gpu_device(host.dir.path(), "nvidia6");
+    let ack = host.dir.path().join("ack");
+    std::fs::create_dir_all(&ack).expect("ack dir");
+    let names = ["zero", "fifo", "sparse", "escape", "honest"];
+    let trainers: Vec<Trainer> = names
+        .iter()
+        .map(|n| Trainer::start(host.dir.path(), n, "usr1", Some(&gpu), &[]))
+        .collect();
+    let at = |i: usize| ack.join(trainers[i].child.id().to_string());
+    std::os::unix::fs::symlink("/dev/zero", at(0)).expect("link to /dev/zero");
+    let fifo = std::process::Command::new("mkfifo")
+        .arg(at(1))
+        .status()
+        .expect("mkfifo");
+    assert!(fifo.success());
+    std::fs::File::create(at(2))
+        .and_then(|f| f.set_len(1 << 40))
+        .expect("a sparse terabyte");
+    std::os::unix::fs::symlink("../../../../../../../../../../etc/passwd", at(3))
+        .expect("a relative link out");
+
+    let config = config(&host, &imds, &format!("ack_dir = {ack:?}\nhold = \"2s\"\n"));
+    let agent = Agent::start(&config, &host.socket());
+    agent.wait_for_source_on(Duration::from_secs(5), "imds");
+    let before = status_kib(agent.pid(), "VmRSS:");
+    let deadline = rfc3339(SystemTime::now() + Duration::from_secs(6));
+    imds.set_spot(Some(&format!(
+        r#"{{"action": "terminate", "time": "{deadline}"}}"#
+    )));
+    wait(Duration::from_secs(5), "every trainer signalled", || {
+        trainers.iter().all(|t| t.signals() == ["SIGUSR1"])
+    });
+    std::fs::write(at(4), "done\n").expect("the honest ack");
+    let peak = std::cell::Cell::new(before);
+    let s = agent.wait_for(Duration::from_secs(15), |s| {
+        peak.set(peak.get().max(status_kib(agent.pid(), "VmRSS:")));
+        s["checkpoints"][0]["unconfirmed"]
+            .as_array()
+            .is_some_and(|u| !u.is_empty())
+    });
+    let report = &s["checkpoints"][0];
+    assert_eq!(report["confirmed"], 1, "{report}");
+    let unconfirmed: Vec<u64> = report["unconfirmed"]
+        .as_array()
+        .map(|u| u.iter().filter_map(serde_json::Value::as_u64).collect())
+        .unwrap_or_default();
+    let hostile: Vec<u64> = trainers[..4]
+        .iter()
+        .map(|t| u64::from(t.child.id()))
+        .collect();
+    assert_eq!(unconfirmed, hostile, "{report}");
+    let peak = peak.get();
+    assert!(
+        peak < before + 16 * 1024,
+        "RSS went from {before} KiB to {peak} KiB"
+    );
+    let log = agent.log();
+    assert!(!log.contains("root:"), "a host file reached the log: {log}");
+    for (i, why) in [
+        "a symbolic link",
+        "not a regular file",
+        "larger than 4096 bytes",
+        "a symbolic link",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let pid = trainers[i].child.id();
+        assert!(
+            log.lines().any(|l| l.contains("ack file not read")
+                && l.contains(&pid.to_string())
+                && l.contains(why)),
+            "no refusal ({why}) for {pid}: {log}"
+        );
+    }
+    assert!(agent.stop().success());
+}

@@ -1,4 +1,7 @@
-//! Reads of other processes' procfs files, each under a deadline.
+//! Reads of other processes' files: procfs, each under a deadline, and files a tenant
+//! controls (acks) inside a process's root, as hostile input. The one place the agent opens
+//! another party's file: every read is size-capped, never follows a symlink at its last
+//! component and reads only regular files.
 //!
 //! A process in uninterruptible sleep (D state; common after Xid 79, a thread stuck in the
 //! driver) can block a reader of its `/proc/PID/cmdline` or `environ` (they take that
@@ -9,10 +12,13 @@
 //! a stuck process costs at most one thread per file however many scans ask.
 
 use std::collections::HashSet;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Mutex, MutexGuard, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rustix::fs::{Mode, OFlags, ResolveFlags};
 
 /// How long one procfs read may take: a healthy read takes microseconds.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_millis(250);
@@ -27,38 +33,165 @@ pub struct Stuck {
     pub after: Duration,
 }
 
-/// One read: the file's bytes, a link's target, or the targets of a directory's links.
-enum Op {
-    Read(PathBuf),
-    Link(PathBuf),
-    Links(PathBuf),
+/// The most a read of a procfs file returns: `environ` and `cmdline` can hold up to the
+/// kernel's argument limit, and nothing the agent decides on lies beyond the first MiB.
+pub const PROC_FILE_CAP: u64 = 1 << 20;
+
+/// The bytes of the regular file at `path`, at most `cap` of them; `None` when it cannot be
+/// opened, is a symbolic link (its last component is never followed) or is not a regular
+/// file (a FIFO or a device file is never read). Blocking: procfs files answer at once unless
+/// their process is stuck, which is why [`ProcReader`] runs this under a deadline.
+pub fn read_capped(path: &Path, cap: u64) -> Option<Vec<u8>> {
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    read_regular(fd, cap, u64::MAX).ok().map(|(bytes, _)| bytes)
 }
 
-enum Answer {
-    Bytes(Option<Vec<u8>>),
-    Link(Option<PathBuf>),
-    Links(Option<Vec<PathBuf>>),
+/// Why a contained file was not read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// It does not exist (or its directory does not).
+    #[error("absent")]
+    Absent,
+    /// The process is gone, or its PID now names another process.
+    #[error("the process is gone")]
+    Gone,
+    /// Resolving it would leave the root, follow a symbolic link or cross a mount.
+    #[error("a symbolic link, a magic link, a mount or a path out of the process's root")]
+    Escapes,
+    /// Not a regular file (a FIFO, a socket, a device file, a directory).
+    #[error("not a regular file")]
+    NotRegular,
+    /// Larger than allowed.
+    #[error("larger than {0} bytes")]
+    TooLarge(u64),
+    /// Another error from the kernel.
+    #[error("unreadable ({0})")]
+    Os(rustix::io::Errno),
 }
 
-impl Op {
-    fn path(&self) -> &Path {
-        match self {
-            Op::Read(p) | Op::Link(p) | Op::Links(p) => p,
+impl From<rustix::io::Errno> for Refused {
+    fn from(e: rustix::io::Errno) -> Self {
+        use rustix::io::Errno;
+        match e {
+            Errno::NOENT | Errno::NOTDIR => Refused::Absent,
+            Errno::SRCH => Refused::Gone,
+            Errno::LOOP | Errno::XDEV | Errno::AGAIN => Refused::Escapes,
+            e => Refused::Os(e),
         }
     }
+}
 
-    fn run(&self) -> Answer {
-        match self {
-            Op::Read(p) => Answer::Bytes(std::fs::read(p).ok()),
-            Op::Link(p) => Answer::Link(std::fs::read_link(p).ok()),
-            Op::Links(p) => Answer::Links(std::fs::read_dir(p).ok().map(|entries| {
-                entries
-                    .flatten()
-                    .filter_map(|e| std::fs::read_link(e.path()).ok())
-                    .collect()
-            })),
-        }
+/// A small file read from inside a process's root: its first bytes and its modification time,
+/// both taken from the one descriptor that was checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Contained {
+    /// At most the requested number of bytes.
+    pub bytes: Vec<u8>,
+    /// Its mtime.
+    pub modified: SystemTime,
+}
+
+/// How much of a contained file is read, and how large it may be.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// A larger file (a sparse one included) is refused unread.
+    pub max_size: u64,
+    /// At most this many bytes are read.
+    pub max_read: u64,
+}
+
+/// The file `dir/name` as the process `pid` sees it, read as hostile input: `dir` is resolved
+/// inside the process's own root (`/proc/<pid>/root`; absolute links and `..` never leave
+/// it, magic links are refused), the file itself with no symbolic link, no magic link and no
+/// mount crossing (`openat2`), opened with `O_NOFOLLOW | O_NONBLOCK | O_NOCTTY` (a FIFO does
+/// not block the open), then `fstat`ed: only a regular file of at most `limits.max_size`
+/// bytes is read, and at most `limits.max_read` of it. The PID is pinned by a descriptor of
+/// its procfs directory, and `same_process` is asked about its `stat` through that
+/// descriptor before its root is entered: a recycled PID never lends another process's root.
+/// `dir` may cross mounts (an ack directory is often a volume); the file may not.
+pub fn read_in_root(
+    procfs: &Path,
+    pid: i32,
+    same_process: impl FnOnce(&str) -> bool,
+    dir: &Path,
+    name: &str,
+    limits: Limits,
+) -> Result<Contained, Refused> {
+    let process = rustix::fs::open(
+        procfs.join(pid.to_string()),
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let stat = rustix::fs::openat(
+        &process,
+        "stat",
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let (stat, _) = read_regular(stat, 4096, u64::MAX)?;
+    if !same_process(&String::from_utf8_lossy(&stat)) {
+        return Err(Refused::Gone);
     }
+    // Following the magic link is the point here: it is the process's root.
+    let root = rustix::fs::openat(
+        &process,
+        "root",
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let relative = dir.strip_prefix("/").unwrap_or(dir);
+    let dir = if relative.as_os_str().is_empty() {
+        root
+    } else {
+        rustix::fs::openat2(
+            &root,
+            relative,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
+        )?
+    };
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return Err(Refused::Escapes);
+    }
+    let file = rustix::fs::openat2(
+        &dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH
+            | ResolveFlags::NO_SYMLINKS
+            | ResolveFlags::NO_MAGICLINKS
+            | ResolveFlags::NO_XDEV,
+    )?;
+    let (bytes, modified) = read_regular(file, limits.max_read, limits.max_size)?;
+    Ok(Contained { bytes, modified })
+}
+
+/// Up to `cap` bytes of an open file, after `fstat` says it is a regular file of at most
+/// `max_size` bytes; with its mtime.
+fn read_regular(fd: OwnedFd, cap: u64, max_size: u64) -> Result<(Vec<u8>, SystemTime), Refused> {
+    use std::io::Read;
+    let os = |e: std::io::Error| {
+        Refused::Os(rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::IO))
+    };
+    let file = std::fs::File::from(fd);
+    let meta = file.metadata().map_err(os)?;
+    if !meta.file_type().is_file() {
+        return Err(Refused::NotRegular);
+    }
+    if meta.len() > max_size {
+        return Err(Refused::TooLarge(max_size));
+    }
+    let modified = meta.modified().unwrap_or(UNIX_EPOCH);
+    let mut bytes = Vec::new();
+    file.take(cap).read_to_end(&mut bytes).map_err(os)?;
+    Ok((bytes, modified))
 }
 
 /// Files with a read outstanding past its deadline, process-wide.
@@ -69,7 +202,9 @@ fn outstanding() -> MutexGuard<'static, HashSet<PathBuf>> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-type Job = (Op, mpsc::Sender<Answer>);
+/// One read to run on the worker: the file it is about (the key of the outstanding set) and
+/// the read, which sends its own answer and says whether anyone still waited for it.
+type Job = (PathBuf, Box<dyn FnOnce() -> bool + Send>);
 
 /// Reads procfs files through a worker thread, each under a deadline. One per scan.
 #[derive(Debug)]
@@ -93,13 +228,11 @@ impl ProcReader {
             let spawned = std::thread::Builder::new()
                 .name("proc-read".into())
                 .spawn(move || {
-                    for (op, reply) in rx {
-                        let answer = op.run();
-                        // Under the lock, so a caller that gave up either sees the answer or
-                        // has marked the file, which is unmarked here.
-                        let mut stuck = outstanding();
-                        if reply.send(answer).is_err() {
-                            stuck.remove(op.path());
+                    for (path, read) in rx {
+                        // The answer is sent under the lock (inside `read`), so a caller that
+                        // gave up either sees it or has marked the file, unmarked here.
+                        if !read() {
+                            outstanding().remove(&path);
                         }
                     }
                 });
@@ -111,23 +244,41 @@ impl ProcReader {
         self.worker.as_ref()
     }
 
-    fn call(&mut self, op: Op) -> Result<Answer, Stuck> {
+    /// Run `read`, a blocking read about the file `path`, waiting at most the deadline.
+    pub fn run<T: Send + 'static>(
+        &mut self,
+        path: &Path,
+        read: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, Stuck> {
         let deadline = self.deadline;
-        let path = op.path().to_path_buf();
+        let path = path.to_path_buf();
         if outstanding().contains(&path) {
             return Err(Stuck {
                 path,
                 after: deadline,
             });
         }
-        let (reply, answer) = mpsc::channel();
+        let (reply, answer) = mpsc::channel::<T>();
+        let job: Box<dyn FnOnce() -> bool + Send> = Box::new(move || {
+            let value = read();
+            let _held = outstanding();
+            reply.send(value).is_ok()
+        });
         let Some(worker) = self.worker() else {
             // No thread to spare: read here rather than not at all.
-            return Ok(op.run());
+            job();
+            return answer.try_recv().map_err(|_| Stuck {
+                path,
+                after: deadline,
+            });
         };
-        if let Err(mpsc::SendError((op, _))) = worker.send((op, reply)) {
+        if let Err(mpsc::SendError((_, job))) = worker.send((path.clone(), job)) {
             self.worker = None;
-            return Ok(op.run());
+            job();
+            return answer.try_recv().map_err(|_| Stuck {
+                path,
+                after: deadline,
+            });
         }
         match answer.recv_timeout(deadline) {
             Ok(answer) => Ok(answer),
@@ -150,12 +301,11 @@ impl ProcReader {
         }
     }
 
-    /// The file's bytes (`None` when it cannot be read).
+    /// The file's bytes, at most [`PROC_FILE_CAP`] of them (`None` when it cannot be read;
+    /// see [`read_capped`]).
     pub fn read(&mut self, path: &Path) -> Result<Option<Vec<u8>>, Stuck> {
-        match self.call(Op::Read(path.to_path_buf()))? {
-            Answer::Bytes(b) => Ok(b),
-            Answer::Link(_) | Answer::Links(_) => Ok(None),
-        }
+        let p = path.to_path_buf();
+        self.run(path, move || read_capped(&p, PROC_FILE_CAP))
     }
 
     /// The file as text, lossily (`None` when it cannot be read).
@@ -167,18 +317,21 @@ impl ProcReader {
 
     /// A symbolic link's target.
     pub fn read_link(&mut self, path: &Path) -> Result<Option<PathBuf>, Stuck> {
-        match self.call(Op::Link(path.to_path_buf()))? {
-            Answer::Link(l) => Ok(l),
-            Answer::Bytes(_) | Answer::Links(_) => Ok(None),
-        }
+        let p = path.to_path_buf();
+        self.run(path, move || std::fs::read_link(p).ok())
     }
 
     /// The targets of every link in a directory (`/proc/PID/fd`).
     pub fn links_in(&mut self, dir: &Path) -> Result<Option<Vec<PathBuf>>, Stuck> {
-        match self.call(Op::Links(dir.to_path_buf()))? {
-            Answer::Links(l) => Ok(l),
-            Answer::Bytes(_) | Answer::Link(_) => Ok(None),
-        }
+        let p = dir.to_path_buf();
+        self.run(dir, move || {
+            std::fs::read_dir(p).ok().map(|entries| {
+                entries
+                    .flatten()
+                    .filter_map(|e| std::fs::read_link(e.path()).ok())
+                    .collect()
+            })
+        })
     }
 }
 

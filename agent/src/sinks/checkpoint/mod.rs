@@ -540,10 +540,13 @@ async fn act(
         .map(|c| settle::Watched {
             pid: c.pid,
             start_time: c.start_time,
-            ack: settings
-                .ack_dir
-                .as_ref()
-                .map(|dir| ack::path(&settings.selection.procfs, c.pid, dir, c.ns_pid)),
+            ack: settings.ack_dir.as_ref().map(|dir| ack::AckFile {
+                procfs: settings.selection.procfs.clone(),
+                pid: c.pid,
+                start_time: c.start_time,
+                dir: dir.clone(),
+                ns_pid: c.ns_pid,
+            }),
         })
         .collect();
     let watch = settle::watch(

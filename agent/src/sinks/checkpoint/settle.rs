@@ -31,7 +31,7 @@ pub struct Watched {
     /// Start time (with the PID, its identity).
     pub start_time: u64,
     /// Where its ack appears, if acks are on.
-    pub ack: Option<PathBuf>,
+    pub ack: Option<ack::AckFile>,
 }
 
 /// How long to watch.
@@ -43,18 +43,23 @@ pub struct Until {
     pub confirm: Instant,
 }
 
-/// One look: which are still running, and which confirmed (and with what words).
+/// One look: which are still running, which confirmed (and with what words), and which
+/// ack files were refused (and why).
 #[derive(Debug, Clone, Default, PartialEq)]
 struct Look {
     running: Vec<i32>,
     confirmed: Vec<(i32, String)>,
+    refused: Vec<(i32, String)>,
 }
 
+/// Look at every target: whether it runs, and the ack of each not confirmed in `before` (a
+/// confirmed target's file is never read again; its confirmation stands).
 fn look(
     reader: &mut ProcReader,
     procfs: &std::path::Path,
     targets: &[Watched],
     since: SystemTime,
+    before: &[(i32, String)],
 ) -> Look {
     let mut out = Look::default();
     for t in targets {
@@ -62,7 +67,18 @@ fn look(
         if alive {
             out.running.push(t.pid);
         }
-        let acked = t.ack.as_ref().and_then(|p| ack::read(reader, p, since));
+        if let Some((_, words)) = before.iter().find(|(pid, _)| *pid == t.pid) {
+            out.confirmed.push((t.pid, words.clone()));
+            continue;
+        }
+        let acked = match t.ack.as_ref().map(|a| ack::read(reader, a, since)) {
+            Some(ack::Ack::Fresh(words)) => Some(words),
+            Some(ack::Ack::Refused(why)) => {
+                out.refused.push((t.pid, why.to_string()));
+                None
+            }
+            Some(ack::Ack::Absent) | None => None,
+        };
         match (acked, alive) {
             (Some(words), _) => out.confirmed.push((t.pid, words)),
             (None, false) => out.confirmed.push((t.pid, "exited".into())),
@@ -84,20 +100,34 @@ pub async fn watch(
     let since = base.signalled_at.unwrap_or_else(SystemTime::now);
     let mut reader = Some(ProcReader::new(DEFAULT_DEADLINE));
     let mut logged: Vec<i32> = Vec::new();
+    let mut refusals: Vec<i32> = Vec::new();
+    let mut confirmed_so_far: Vec<(i32, String)> = Vec::new();
     loop {
         // Off the runtime thread: the reads are bounded, but each may wait its deadline.
-        let (t, p, r) = (targets.clone(), procfs.clone(), reader.take());
+        let (t, p, r, before) = (
+            targets.clone(),
+            procfs.clone(),
+            reader.take(),
+            confirmed_so_far.clone(),
+        );
         let (now_look, back) = tokio::task::spawn_blocking(move || {
             let mut r = r.unwrap_or_else(|| ProcReader::new(DEFAULT_DEADLINE));
-            (look(&mut r, &p, &t, since), r)
+            (look(&mut r, &p, &t, since, &before), r)
         })
         .await
         .unwrap_or_else(|_| (Look::default(), ProcReader::new(DEFAULT_DEADLINE)));
         reader = Some(back);
+        confirmed_so_far.clone_from(&now_look.confirmed);
         for (pid, words) in &now_look.confirmed {
             if !logged.contains(pid) {
                 tracing::info!(pid, notice = %base.notice_id, confirmed = %words, "Checkpoint confirmed.");
                 logged.push(*pid);
+            }
+        }
+        for (pid, why) in &now_look.refused {
+            if !refusals.contains(pid) {
+                tracing::warn!(pid, notice = %base.notice_id, "Checkpoint ack file not read: {why}; only a small regular file in the ack directory confirms.");
+                refusals.push(*pid);
             }
         }
         let now = Instant::now();

@@ -127,9 +127,9 @@ pub struct Selection {
     pub declared: declared::ByPod,
 }
 
+/// A process's own procfs file (`stat`, `status`: lock-free, no deadline needed), capped.
 fn read(path: &Path) -> Option<String> {
-    std::fs::read(path)
-        .ok()
+    crate::host::proc_read::read_capped(path, crate::host::proc_read::PROC_FILE_CAP)
         .map(|b| String::from_utf8_lossy(&b).into_owned())
 }
 
@@ -151,7 +151,8 @@ pub fn stat(procfs: &Path, pid: i32) -> Option<Stat> {
     parse_stat(&read(&procfs.join(pid.to_string()).join("stat"))?)
 }
 
-fn parse_stat(text: &str) -> Option<Stat> {
+/// `/proc/PID/stat`'s text, parsed.
+pub(super) fn parse_stat(text: &str) -> Option<Stat> {
     let open = text.find('(')?;
     let close = text.rfind(')')?;
     let fields: Vec<&str> = text[close + 1..].split_whitespace().collect();
