@@ -243,6 +243,15 @@ pub fn clears(code: u32) -> Option<u32> {
     }
 }
 
+/// Is this report the driver's all-clear for its own code? Xid 154 "changed ... to 0x0
+/// (None)": the recovery action the driver required is no longer needed, so the Xid 154
+/// fault it latched ends (an NVML event of it, which carries no text, is never one).
+pub fn is_all_clear(code: crate::model::FaultCode, class: &Classification) -> bool {
+    code == crate::model::FaultCode::Xid(154)
+        && class.severity == Severity::Info
+        && class.action == Action::None
+}
+
 /// Classify "GPU has fallen off the bus" reported without an Xid line: the same as Xid 79.
 pub fn classify_fallen_off_bus() -> Classification {
     classify_xid(79, "", DriverBranch::Unknown)

@@ -48,6 +48,44 @@ pub struct HealthModel {
     episodes: HashMap<Key, Episodes>,
     leads: HashMap<crate::model::NoticeKind, Duration>,
     declared_lead: Option<crate::model::DeclaredLead>,
+    /// The latest occurrence of each fault: who reported it and what it said.
+    occurrences: HashMap<Key, Occurrence>,
+}
+
+/// The latest occurrence of a fault, as first one path and then maybe the other saw it.
+#[derive(Debug, Clone)]
+struct Occurrence {
+    /// The path whose verdict this occurrence carries (the kernel log once it has spoken).
+    source: SourceKind,
+    /// When it was first seen.
+    at: SystemTime,
+    /// Its verdict.
+    class: crate::model::Classification,
+    /// What the fault's earlier occurrences had latched (`None`: this is its first).
+    before: Option<crate::model::Classification>,
+    /// It was the driver's all-clear (the fault is gone).
+    all_clear: bool,
+}
+
+/// Is `a` a worse verdict than `b` (more severe, or as severe with a harsher action)?
+fn worse(a: &crate::model::Classification, b: &crate::model::Classification) -> bool {
+    (a.severity, a.action) > (b.severity, b.action)
+}
+
+/// The fault's class once this occurrence says `now`: the worse of it and what the earlier
+/// occurrences latched (`before`), never milder than `before`.
+fn latch(
+    before: Option<&crate::model::Classification>,
+    now: &crate::model::Classification,
+) -> crate::model::Classification {
+    match before {
+        Some(b) if !worse(now, b) => {
+            let mut class = b.clone();
+            class.action = class.action.max(now.action);
+            class
+        }
+        _ => now.clone(),
+    }
 }
 
 /// Boots remembered per fault for recurrence.
@@ -124,6 +162,7 @@ impl HealthModel {
             episodes: HashMap::new(),
             leads: HashMap::new(),
             declared_lead: None,
+            occurrences: HashMap::new(),
         }
     }
 
@@ -443,46 +482,108 @@ impl HealthModel {
             }
         }
         let key = (report.component, report.code);
+        if crate::catalog::is_all_clear(report.code, &report.class) {
+            // Xid 154 "to 0x0 (None)": the driver needs no recovery action any more. Its
+            // earlier verdicts (reset, reboot) end here, explicitly; the NVML event of this
+            // same line, whichever path comes second, is part of it.
+            if let Some(gone) = self.faults.remove(&key) {
+                tracing::info!(fault = %gone.label(), "Fault cleared: the driver's recovery action is now None.");
+            }
+            self.occurrences.insert(
+                key,
+                Occurrence {
+                    source: report.source,
+                    at: report.at,
+                    class: report.class,
+                    before: None,
+                    all_clear: true,
+                },
+            );
+            return;
+        }
+        let same = self.occurrences.get(&key).is_some_and(|o| {
+            o.source != report.source
+                && report
+                    .at
+                    .duration_since(o.at)
+                    .unwrap_or_else(|e| e.duration())
+                    <= SAME_OCCURRENCE
+        });
+        if same && self.occurrences.get(&key).is_some_and(|o| o.all_clear) {
+            return;
+        }
         if let Some(fault) = self.faults.get_mut(&key) {
             // One occurrence seen by two paths (the kernel log and NVML's Xid events) is one.
             // NVML's event carries only the code; the kernel log's line is decoded (NVLink5
-            // unit and severity, Xid 154's recovery action): its verdict stands, whichever
-            // path came first.
-            let apart = report
-                .at
-                .duration_since(fault.last_seen)
-                .unwrap_or_else(|e| e.duration());
-            if fault.source != report.source && apart <= SAME_OCCURRENCE {
-                if report.source == SourceKind::Kmsg && fault.class != report.class {
-                    let escalated = fault.escalated.is_some().then_some(fault.class.action);
-                    let worse = report.class.severity > fault.class.severity;
-                    fault.class = report.class;
-                    if let Some(action) = escalated {
-                        fault.class.action = fault.class.action.max(action);
+            // unit and severity, Xid 154's recovery action): for this occurrence its verdict
+            // replaces the event's, whichever path came first. What earlier occurrences
+            // latched stays: an occurrence only ever makes the fault worse.
+            if same {
+                if let Some(o) = self.occurrences.get_mut(&key) {
+                    if report.source == SourceKind::Kmsg && o.class != report.class {
+                        o.source = report.source;
+                        o.class = report.class;
+                        let was = fault.class.severity;
+                        let escalated = fault.escalated.is_some().then_some(fault.class.action);
+                        fault.class = latch(o.before.as_ref(), &o.class);
+                        if let Some(action) = escalated {
+                            fault.class.action = fault.class.action.max(action);
+                        }
+                        fault.detail = report.detail;
+                        if fault.class.severity > was {
+                            log_new(fault);
+                        }
+                        self.track_recurrence(key, report.at);
                     }
-                    fault.detail = report.detail;
-                    if worse {
-                        log_new(fault);
-                    }
-                    self.track_recurrence(key, report.at);
                 }
                 return;
             }
+            self.occurrences.insert(
+                key,
+                Occurrence {
+                    source: report.source,
+                    at: report.at,
+                    class: report.class.clone(),
+                    before: Some(fault.class.clone()),
+                    all_clear: false,
+                },
+            );
             fault.count += 1;
             fault.last_seen = fault.last_seen.max(report.at);
             fault.detail = report.detail;
             // One real occurrence makes it real.
             fault.drill &= report.drill;
             fault.boot_id.clone_from(&self.boot_id);
-            if report.class.severity > fault.class.severity {
+            if worse(&report.class, &fault.class) {
+                let logs = report.class.severity > fault.class.severity;
+                let action = fault.class.action;
                 fault.class = report.class;
-                log_new(fault);
+                fault.class.action = fault.class.action.max(action);
+                if logs {
+                    log_new(fault);
+                } else {
+                    self.log_repeat(key);
+                }
             } else {
                 self.log_repeat(key);
             }
             self.track_recurrence(key, report.at);
             return;
         }
+        if self.occurrences.len() >= 2 * MAX_FAULTS {
+            let faults = &self.faults;
+            self.occurrences.retain(|k, _| faults.contains_key(k));
+        }
+        self.occurrences.insert(
+            key,
+            Occurrence {
+                source: report.source,
+                at: report.at,
+                class: report.class.clone(),
+                before: None,
+                all_clear: false,
+            },
+        );
         if self.faults.len() >= MAX_FAULTS {
             self.evict_one();
         }
@@ -1220,6 +1321,157 @@ mod tests {
             "{}",
             faults[0].detail
         );
+    }
+
+    /// A kernel-log report of Xid `code` on `pci` with the given verdict (as a decoded line
+    /// would give it), or NVML's event of it when `nvml`.
+    fn occurrence(
+        pci: PciAddress,
+        code: u32,
+        nvml: bool,
+        severity: Severity,
+        at: SystemTime,
+    ) -> Observation {
+        let mut report = crate::sources::nvml::events::report(
+            pci,
+            code,
+            crate::catalog::DriverBranch::Unknown,
+            at,
+        );
+        if !nvml {
+            report.source = SourceKind::Kmsg;
+            report.detail = format!("NVRM: Xid {code} decoded as {severity:?}");
+        }
+        report.class.severity = severity;
+        report.class.action = if severity == Severity::Fatal {
+            Action::ResetGpu
+        } else {
+            Action::None
+        };
+        Observation::Fault(report)
+    }
+
+    /// Review 2026-12-03b M2: a later occurrence that NVML reports first and the kernel log
+    /// decodes as milder must not downgrade what an earlier occurrence latched as fatal.
+    #[test]
+    fn a_milder_kernel_log_verdict_never_downgrades_a_latched_fatal_fault() {
+        let mut m = model();
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let gpu = pci("0000:18:00.0");
+        m.apply(occurrence(gpu, 145, true, Severity::Warning, t));
+        m.apply(occurrence(
+            gpu,
+            145,
+            false,
+            Severity::Fatal,
+            t + Duration::from_secs(1),
+        ));
+        assert_eq!(
+            m.faults.values().next().map(|f| f.class.severity),
+            Some(Severity::Fatal)
+        );
+        // Hours later the same code again, NVML first, then a Nonfatal line.
+        let later = t + Duration::from_secs(3_600);
+        m.apply(occurrence(gpu, 145, true, Severity::Warning, later));
+        m.apply(occurrence(
+            gpu,
+            145,
+            false,
+            Severity::Warning,
+            later + Duration::from_secs(1),
+        ));
+        let faults = m.snapshot(KmsgStats::default()).faults;
+        assert_eq!(faults.len(), 1);
+        assert_eq!(faults[0].count, 2, "two occurrences, each counted once");
+        assert_eq!(
+            faults[0].class.severity,
+            Severity::Fatal,
+            "{:?}",
+            faults[0].class
+        );
+        assert_eq!(faults[0].class.action, Action::ResetGpu);
+    }
+
+    /// Xid 154 "to None" is the driver's explicit all-clear for Xid 154, not a milder
+    /// verdict that happens to win a race; the NVML event of that same line changes nothing.
+    #[test]
+    fn xid_154_to_none_clears_xid_154_explicitly() {
+        let mut m = model();
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        m.apply_line(
+            "NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)",
+            t,
+        );
+        let fault = m.snapshot(KmsgStats::default()).faults[0].clone();
+        assert_eq!(
+            (fault.class.severity, fault.class.action),
+            (Severity::Fatal, Action::Reboot)
+        );
+        // NVML's event of a later 154 (no text: a warning) does not soften it.
+        let gpu = pci("0000:18:00.0");
+        let later = t + Duration::from_secs(600);
+        m.apply(Observation::Fault(crate::sources::nvml::events::report(
+            gpu,
+            154,
+            crate::catalog::DriverBranch::Unknown,
+            later,
+        )));
+        assert_eq!(
+            m.snapshot(KmsgStats::default()).faults[0].class.severity,
+            Severity::Fatal
+        );
+        m.apply_line(
+            "NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed from 0x2 (Node Reboot Required) to 0x0 (None)",
+            later + Duration::from_secs(1),
+        );
+        assert!(
+            m.snapshot(KmsgStats::default()).faults.is_empty(),
+            "cleared by the driver"
+        );
+        // The all-clear seen first by the kernel log: NVML's event of it is the same line.
+        m.apply(Observation::Fault(crate::sources::nvml::events::report(
+            gpu,
+            154,
+            crate::catalog::DriverBranch::Unknown,
+            later + Duration::from_secs(2),
+        )));
+        assert!(m.snapshot(KmsgStats::default()).faults.is_empty());
+    }
+
+    proptest::proptest! {
+        /// Over random sequences of one fault's reports from both paths, at random gaps: once
+        /// a fatal verdict is latched (its occurrence over: the next report is another
+        /// occurrence, or the kernel log has spoken for it), no later report makes the fault
+        /// milder or removes it. Only evidence does (clear, the driver's all-clear, a boot),
+        /// and these sequences hold none.
+        #[test]
+        fn a_latched_fatal_fault_never_becomes_milder_without_evidence(
+            steps in proptest::collection::vec(
+                (proptest::bool::ANY, 0u8..3, 0u64..30),
+                1..40,
+            )
+        ) {
+            let mut m = model();
+            let gpu = pci("0000:18:00.0");
+            let mut at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+            let mut latched = false;
+            let mut last: Option<(bool, SystemTime)> = None;
+            for (nvml, severity, gap) in steps {
+                at += Duration::from_secs(gap);
+                let severity = [Severity::Info, Severity::Warning, Severity::Fatal][usize::from(severity)];
+                let fatal_now = m.faults.values().next().is_some_and(|f| f.class.severity == Severity::Fatal);
+                let settled = last.is_some_and(|(was_nvml, then)| {
+                    !was_nvml || at.duration_since(then).unwrap_or_default() > SAME_OCCURRENCE
+                });
+                latched |= fatal_now && settled;
+                m.apply(occurrence(gpu, 145, nvml, severity, at));
+                last = Some((nvml, at));
+                if latched {
+                    let class = m.faults.values().next().map(|f| (f.class.severity, f.class.action));
+                    proptest::prop_assert_eq!(class, Some((Severity::Fatal, Action::ResetGpu)));
+                }
+            }
+        }
     }
 
     #[test]
