@@ -321,3 +321,49 @@ fn the_nvlink_baseline_survives_an_agent_restart() {
     );
     assert!(agent.stop().success());
 }
+
+/// Issue 26 (M2): NVML's Xid event comes first (it knows only the code: a warning), the
+/// kernel log's decoded line makes it fatal; hours later (here: past the same-occurrence
+/// window) the same code again, NVML first, then a Nonfatal line. The fault stays fatal:
+/// a later, milder occurrence never softens what an earlier one latched.
+#[test]
+fn a_milder_later_nvlink5_line_never_downgrades_a_latched_fatal_fault() {
+    let host = Host::new();
+    let event = "[[event]]\ngpu = 2\nxid = 144\n";
+    let scenario = NvmlScenario::healthy().top(event);
+    let agent = host.start_with_nvml(&scenario, "");
+    let xid144 = |s: &Value| fault(s, &host, "xid", Some(144)).cloned();
+    agent.wait_for(Duration::from_secs(5), |s| xid144(s).is_some());
+    inject(&format!(
+        "NVRM: Xid (PCI:{}): 144, SAW_MVB Fatal XC0 i0 Link 04 (0x00000021 0x00000002 0x0 0x0 0x0 0x0 0x0)",
+        host.gpu_bdf(2)
+    ));
+    let s = agent.wait_for(Duration::from_secs(5), |s| {
+        xid144(s).is_some_and(|f| f["severity"] == "fatal")
+    });
+    assert_eq!(xid144(&s).expect("fault")["count"], 1);
+
+    // A second occurrence, past the window in which two paths' reports are one.
+    std::thread::sleep(Duration::from_secs(11));
+    NvmlScenario::healthy()
+        .top(&format!("{event}{event}"))
+        .write(&host);
+    agent.wait_for(Duration::from_secs(5), |s| {
+        xid144(s).is_some_and(|f| f["count"] == 2)
+    });
+    inject(&format!(
+        "NVRM: Xid (PCI:{}): 144, SAW_MVB Nonfatal XC0 i0 Link 04 (0x00000021 0x00000001 0x0 0x0 0x0 0x0 0x0)",
+        host.gpu_bdf(2)
+    ));
+    // The line is merged into this occurrence (its evidence is the fault's detail now).
+    let s = agent.wait_for(Duration::from_secs(5), |s| {
+        xid144(s).is_some_and(|f| f["detail"].as_str().is_some_and(|d| d.contains("Nonfatal")))
+    });
+    let f = xid144(&s).expect("fault");
+    assert_eq!(
+        (f["severity"].as_str(), f["count"].as_u64()),
+        (Some("fatal"), Some(2)),
+        "{f}"
+    );
+    assert!(agent.stop().success());
+}
