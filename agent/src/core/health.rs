@@ -67,24 +67,46 @@ struct Occurrence {
     all_clear: bool,
 }
 
+impl Occurrence {
+    /// `report`'s occurrence, after earlier ones latched `before`.
+    fn of(
+        report: &FaultReport,
+        before: Option<crate::model::Classification>,
+        all_clear: bool,
+    ) -> Self {
+        Self {
+            source: report.source,
+            at: report.at,
+            class: report.class.clone(),
+            before,
+            all_clear,
+        }
+    }
+}
+
 /// Is `a` a worse verdict than `b` (more severe, or as severe with a harsher action)?
 fn worse(a: &crate::model::Classification, b: &crate::model::Classification) -> bool {
     (a.severity, a.action) > (b.severity, b.action)
 }
 
 /// The fault's class once this occurrence says `now`: the worse of it and what the earlier
-/// occurrences latched (`before`), never milder than `before`.
+/// occurrences latched (`before`), with the harsher of their actions; never milder than
+/// `before`.
 fn latch(
     before: Option<&crate::model::Classification>,
     now: &crate::model::Classification,
 ) -> crate::model::Classification {
     match before {
-        Some(b) if !worse(now, b) => {
-            let mut class = b.clone();
-            class.action = class.action.max(now.action);
+        Some(b) => {
+            let mut class = if worse(now, b) {
+                now.clone()
+            } else {
+                b.clone()
+            };
+            class.action = b.action.max(now.action);
             class
         }
-        _ => now.clone(),
+        None => now.clone(),
     }
 }
 
@@ -489,19 +511,12 @@ impl HealthModel {
             if let Some(gone) = self.faults.remove(&key) {
                 tracing::info!(fault = %gone.label(), "Fault cleared: the driver's recovery action is now None.");
             }
-            self.occurrences.insert(
-                key,
-                Occurrence {
-                    source: report.source,
-                    at: report.at,
-                    class: report.class,
-                    before: None,
-                    all_clear: true,
-                },
-            );
+            self.occurrences
+                .insert(key, Occurrence::of(&report, None, true));
             return;
         }
-        let same = self.occurrences.get(&key).is_some_and(|o| {
+        // The latest occurrence, if this report is the other path's sighting of it.
+        let same = self.occurrences.get_mut(&key).filter(|o| {
             o.source != report.source
                 && report
                     .at
@@ -509,7 +524,7 @@ impl HealthModel {
                     .unwrap_or_else(|e| e.duration())
                     <= SAME_OCCURRENCE
         });
-        if same && self.occurrences.get(&key).is_some_and(|o| o.all_clear) {
+        if same.as_ref().is_some_and(|o| o.all_clear) {
             return;
         }
         if let Some(fault) = self.faults.get_mut(&key) {
@@ -518,35 +533,27 @@ impl HealthModel {
             // unit and severity, Xid 154's recovery action): for this occurrence its verdict
             // replaces the event's, whichever path came first. What earlier occurrences
             // latched stays: an occurrence only ever makes the fault worse.
-            if same {
-                if let Some(o) = self.occurrences.get_mut(&key) {
-                    if report.source == SourceKind::Kmsg && o.class != report.class {
-                        o.source = report.source;
-                        o.class = report.class;
-                        let was = fault.class.severity;
-                        let escalated = fault.escalated.is_some().then_some(fault.class.action);
-                        fault.class = latch(o.before.as_ref(), &o.class);
-                        if let Some(action) = escalated {
-                            fault.class.action = fault.class.action.max(action);
-                        }
-                        fault.detail = report.detail;
-                        if fault.class.severity > was {
-                            log_new(fault);
-                        }
-                        self.track_recurrence(key, report.at);
+            if let Some(o) = same {
+                if report.source == SourceKind::Kmsg && o.class != report.class {
+                    o.source = report.source;
+                    o.class = report.class;
+                    let was = fault.class.severity;
+                    let escalated = fault.escalated.is_some().then_some(fault.class.action);
+                    fault.class = latch(o.before.as_ref(), &o.class);
+                    if let Some(action) = escalated {
+                        fault.class.action = fault.class.action.max(action);
                     }
+                    fault.detail = report.detail;
+                    if fault.class.severity > was {
+                        log_new(fault);
+                    }
+                    self.track_recurrence(key, report.at);
                 }
                 return;
             }
             self.occurrences.insert(
                 key,
-                Occurrence {
-                    source: report.source,
-                    at: report.at,
-                    class: report.class.clone(),
-                    before: Some(fault.class.clone()),
-                    all_clear: false,
-                },
+                Occurrence::of(&report, Some(fault.class.clone()), false),
             );
             fault.count += 1;
             fault.last_seen = fault.last_seen.max(report.at);
@@ -554,16 +561,10 @@ impl HealthModel {
             // One real occurrence makes it real.
             fault.drill &= report.drill;
             fault.boot_id.clone_from(&self.boot_id);
-            if worse(&report.class, &fault.class) {
-                let logs = report.class.severity > fault.class.severity;
-                let action = fault.class.action;
-                fault.class = report.class;
-                fault.class.action = fault.class.action.max(action);
-                if logs {
-                    log_new(fault);
-                } else {
-                    self.log_repeat(key);
-                }
+            let was = fault.class.severity;
+            fault.class = latch(Some(&fault.class), &report.class);
+            if fault.class.severity > was {
+                log_new(fault);
             } else {
                 self.log_repeat(key);
             }
@@ -574,16 +575,8 @@ impl HealthModel {
             let faults = &self.faults;
             self.occurrences.retain(|k, _| faults.contains_key(k));
         }
-        self.occurrences.insert(
-            key,
-            Occurrence {
-                source: report.source,
-                at: report.at,
-                class: report.class.clone(),
-                before: None,
-                all_clear: false,
-            },
-        );
+        self.occurrences
+            .insert(key, Occurrence::of(&report, None, false));
         if self.faults.len() >= MAX_FAULTS {
             self.evict_one();
         }

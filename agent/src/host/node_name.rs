@@ -128,11 +128,7 @@ mod tests {
         // A process stuck in the kernel: a read of its command line never returns.
         std::fs::create_dir_all(dir.path().join("77")).expect("stuck pid");
         std::fs::write(dir.path().join("77/comm"), "python3\n").expect("comm");
-        let made = std::process::Command::new("mkfifo")
-            .arg(dir.path().join("77/cmdline"))
-            .status()
-            .expect("mkfifo");
-        assert!(made.success());
+        crate::host::proc_read::fifo(&dir.path().join("77/cmdline"));
         dir
     }
 

@@ -12,7 +12,7 @@
 //! a stuck process costs at most one thread per file however many scans ask.
 
 use std::collections::HashSet;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -42,17 +42,22 @@ pub const PROC_FILE_CAP: u64 = 1 << 20;
 /// file (a FIFO or a device file is never read). Blocking: procfs files answer at once unless
 /// their process is stuck, which is why [`ProcReader`] runs this under a deadline.
 pub fn read_capped(path: &Path, cap: u64) -> Option<Vec<u8>> {
-    let fd = rustix::fs::open(
+    read_capped_at(rustix::fs::CWD, path, cap).ok()
+}
+
+/// [`read_capped`], `path` relative to the directory `dir`.
+fn read_capped_at(dir: impl AsFd, path: &Path, cap: u64) -> Result<Vec<u8>, Refused> {
+    let fd = rustix::fs::openat(
+        dir,
         path,
         OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NOCTTY | OFlags::CLOEXEC,
         Mode::empty(),
-    )
-    .ok()?;
-    read_regular(fd, cap, u64::MAX).ok().map(|(bytes, _)| bytes)
+    )?;
+    Ok(read_regular(fd, cap, u64::MAX)?.0)
 }
 
 /// Why a contained file was not read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refused {
     /// It does not exist (or its directory does not).
     #[error("absent")]
@@ -69,6 +74,9 @@ pub enum Refused {
     /// Larger than allowed.
     #[error("larger than {0} bytes")]
     TooLarge(u64),
+    /// The read did not answer within its deadline (a hung network mount).
+    #[error("{0}")]
+    Stuck(Stuck),
     /// Another error from the kernel.
     #[error("unreadable ({0})")]
     Os(rustix::io::Errno),
@@ -122,18 +130,15 @@ pub fn read_in_root(
     name: &str,
     limits: Limits,
 ) -> Result<Contained, Refused> {
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return Err(Refused::Escapes);
+    }
     let process = rustix::fs::open(
         procfs.join(pid.to_string()),
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )?;
-    let stat = rustix::fs::openat(
-        &process,
-        "stat",
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
-    let (stat, _) = read_regular(stat, 4096, u64::MAX)?;
+    let stat = read_capped_at(&process, Path::new("stat"), 4096)?;
     if !same_process(&String::from_utf8_lossy(&stat)) {
         return Err(Refused::Gone);
     }
@@ -156,9 +161,6 @@ pub fn read_in_root(
             ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
         )?
     };
-    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
-        return Err(Refused::Escapes);
-    }
     let file = rustix::fs::openat2(
         &dir,
         name,
@@ -250,13 +252,11 @@ impl ProcReader {
         path: &Path,
         read: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, Stuck> {
-        let deadline = self.deadline;
         let path = path.to_path_buf();
+        let after = self.deadline;
+        let stuck = |path| Stuck { path, after };
         if outstanding().contains(&path) {
-            return Err(Stuck {
-                path,
-                after: deadline,
-            });
+            return Err(stuck(path));
         }
         let (reply, answer) = mpsc::channel::<T>();
         let job: Box<dyn FnOnce() -> bool + Send> = Box::new(move || {
@@ -264,23 +264,20 @@ impl ProcReader {
             let _held = outstanding();
             reply.send(value).is_ok()
         });
-        let Some(worker) = self.worker() else {
-            // No thread to spare: read here rather than not at all.
-            job();
-            return answer.try_recv().map_err(|_| Stuck {
-                path,
-                after: deadline,
-            });
+        let unsent = match self.worker() {
+            Some(worker) => worker
+                .send((path.clone(), job))
+                .err()
+                .map(|mpsc::SendError((_, job))| job),
+            None => Some(job),
         };
-        if let Err(mpsc::SendError((_, job))) = worker.send((path.clone(), job)) {
+        if let Some(job) = unsent {
+            // No thread to spare (or it is gone): read here rather than not at all.
             self.worker = None;
             job();
-            return answer.try_recv().map_err(|_| Stuck {
-                path,
-                after: deadline,
-            });
+            return answer.try_recv().map_err(|_| stuck(path));
         }
-        match answer.recv_timeout(deadline) {
+        match answer.recv_timeout(after) {
             Ok(answer) => Ok(answer),
             Err(_) => {
                 let mut marked = outstanding();
@@ -293,10 +290,7 @@ impl ProcReader {
                 drop(marked);
                 // That worker is stuck in the read: the next read gets a fresh one.
                 self.worker = None;
-                Err(Stuck {
-                    path,
-                    after: deadline,
-                })
+                Err(stuck(path))
             }
         }
     }
@@ -335,20 +329,23 @@ impl ProcReader {
     }
 }
 
+/// Make a FIFO at `path` (tests: a file whose open blocks, or that must never be read).
+#[cfg(test)]
+pub fn fifo(path: &Path) {
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        path,
+        rustix::fs::FileType::Fifo,
+        Mode::from_raw_mode(0o600),
+        0,
+    )
+    .expect("mkfifo");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Instant;
-
-    /// A file whose read never returns while nobody writes: a FIFO without a writer blocks
-    /// `open(2)`, as a D-state process blocks a read of its `cmdline`.
-    fn never_answers(path: &Path) {
-        let status = std::process::Command::new("mkfifo")
-            .arg(path)
-            .status()
-            .expect("mkfifo");
-        assert!(status.success());
-    }
 
     #[test]
     fn a_read_that_never_answers_is_stuck_and_the_next_reads_go_on() {
@@ -357,7 +354,9 @@ mod tests {
         let fine_dir = dir.path().join("4243");
         std::fs::create_dir_all(&stuck_dir).expect("mkdir");
         std::fs::create_dir_all(&fine_dir).expect("mkdir");
-        never_answers(&stuck_dir.join("cmdline"));
+        // A FIFO without a writer blocks `open(2)`, as a D-state process blocks a read of
+        // its `cmdline`.
+        fifo(&stuck_dir.join("cmdline"));
         std::fs::write(stuck_dir.join("stat"), "x").expect("stat");
         std::fs::write(fine_dir.join("cmdline"), "python3\0train.py").expect("cmdline");
 

@@ -95,7 +95,7 @@ pub fn read(reader: &mut ProcReader, file: &AckFile, since: SystemTime) -> Ack {
         Ok(Ok(_) | Err(Refused::Absent | Refused::Gone)) => Ack::Absent,
         Ok(Err(why)) => Ack::Refused(why),
         // A directory that does not answer (a hung network mount) is not an ack.
-        Err(_) => Ack::Refused(Refused::Os(rustix::io::Errno::TIMEDOUT)),
+        Err(stuck) => Ack::Refused(Refused::Stuck(stuck)),
     }
 }
 
@@ -184,11 +184,7 @@ mod tests {
         assert_eq!(refused("a relative link out"), Refused::Escapes);
         std::fs::remove_file(&path).expect("rm");
 
-        let made = std::process::Command::new("mkfifo")
-            .arg(&path)
-            .status()
-            .expect("mkfifo");
-        assert!(made.success());
+        crate::host::proc_read::fifo(&path);
         assert_eq!(refused("a FIFO"), Refused::NotRegular);
         std::fs::remove_file(&path).expect("rm");
 

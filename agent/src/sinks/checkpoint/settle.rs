@@ -99,31 +99,30 @@ pub async fn watch(
 ) -> CheckpointReport {
     let since = base.signalled_at.unwrap_or_else(SystemTime::now);
     let mut reader = Some(ProcReader::new(DEFAULT_DEADLINE));
-    let mut logged: Vec<i32> = Vec::new();
     let mut refusals: Vec<i32> = Vec::new();
-    let mut confirmed_so_far: Vec<(i32, String)> = Vec::new();
+    // Confirmations stand once made: the previous look's are carried, never re-read.
+    let mut before: Vec<(i32, String)> = Vec::new();
     loop {
         // Off the runtime thread: the reads are bounded, but each may wait its deadline.
-        let (t, p, r, before) = (
+        let (t, p, r, b) = (
             targets.clone(),
             procfs.clone(),
             reader.take(),
-            confirmed_so_far.clone(),
+            before.clone(),
         );
         let (now_look, back) = tokio::task::spawn_blocking(move || {
             let mut r = r.unwrap_or_else(|| ProcReader::new(DEFAULT_DEADLINE));
-            (look(&mut r, &p, &t, since, &before), r)
+            (look(&mut r, &p, &t, since, &b), r)
         })
         .await
         .unwrap_or_else(|_| (Look::default(), ProcReader::new(DEFAULT_DEADLINE)));
         reader = Some(back);
-        confirmed_so_far.clone_from(&now_look.confirmed);
         for (pid, words) in &now_look.confirmed {
-            if !logged.contains(pid) {
+            if !before.iter().any(|(p, _)| p == pid) {
                 tracing::info!(pid, notice = %base.notice_id, confirmed = %words, "Checkpoint confirmed.");
-                logged.push(*pid);
             }
         }
+        before.clone_from(&now_look.confirmed);
         for (pid, why) in &now_look.refused {
             if !refusals.contains(pid) {
                 tracing::warn!(pid, notice = %base.notice_id, "Checkpoint ack file not read: {why}; only a small regular file in the ack directory confirms.");

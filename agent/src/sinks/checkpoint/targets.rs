@@ -757,11 +757,7 @@ mod tests {
         // 501 is stuck in the kernel: reading its environment never returns.
         let environ = dir.path().join("501/environ");
         std::fs::remove_file(&environ).expect("rm");
-        let made = std::process::Command::new("mkfifo")
-            .arg(&environ)
-            .status()
-            .expect("mkfifo");
-        assert!(made.success());
+        crate::host::proc_read::fifo(&environ);
         let sel = Selection {
             procfs: dir.path().to_path_buf(),
             signal: Signal::USR1,
