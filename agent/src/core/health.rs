@@ -534,8 +534,12 @@ impl HealthModel {
             // replaces the event's, whichever path came first. What earlier occurrences
             // latched stays: an occurrence only ever makes the fault worse.
             if let Some(o) = same {
-                if report.source == SourceKind::Kmsg && o.class != report.class {
-                    o.source = report.source;
+                if report.source != SourceKind::Kmsg {
+                    return;
+                }
+                // The kernel log has spoken for this occurrence: its next line is another.
+                o.source = report.source;
+                if o.class != report.class {
                     o.class = report.class;
                     let was = fault.class.severity;
                     let escalated = fault.escalated.is_some().then_some(fault.class.action);
