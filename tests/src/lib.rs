@@ -256,7 +256,10 @@ impl Host {
             procfs = if extra.contains("[procfs]") { String::new() } else { format!("[procfs]\nroot = {:?}\n\n", self.procfs()) },
         );
         // The notice file goes into this host's directory, never the machine's /run.
-        let notice = format!("notice_file = {:?}\n", self.dir.path().join("notice.json"));
+        let notice = format!(
+            "notice_file = {:?}\n",
+            self.dir.path().join("run/notice.json")
+        );
         let text = if extra.contains("notice_file") {
             text
         } else if text.contains("[checkpoint]\n") {
@@ -326,7 +329,7 @@ impl Host {
 
     /// The status socket.
     pub fn socket(&self) -> PathBuf {
-        self.dir.path().join("agent.sock")
+        self.dir.path().join("admin/agent.sock")
     }
 }
 

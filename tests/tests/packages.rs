@@ -289,6 +289,69 @@ fn deb_installs_and_runs_on_a_real_systemd_boot() {
         "{journal}"
     );
 
+    // The admin socket has a directory of its own, never shared with pods; root on the node
+    // (here, the container's own init namespaces) may clear the drill through it.
+    assert_eq!(
+        container.stdout(&["stat", "-c", "%a %U", "/run/gpu-agent-admin"]),
+        "750 gpu-agent"
+    );
+    let cleared = container.exec(&["gpu-agent", "clear", "--all"]);
+    assert!(
+        cleared.status.success() && String::from_utf8_lossy(&cleared.stdout).contains("cleared"),
+        "gpu-agent clear: {cleared:?}\n{}",
+        container.stdout(&["journalctl", "-u", "gpu-agent", "--no-pager", "-n", "20"])
+    );
+
+    // NVRx's health check for a launcher of group `nvrx`, under the shipped unit (no chown:
+    // its system-call filter forbids it; an ACL grants the group), and no one else.
+    for step in [
+        &["groupadd", "nvrx"][..],
+        &["useradd", "-G", "nvrx", "launcher"],
+        &["useradd", "outsider"],
+        &[
+            "sed",
+            "-i",
+            "-e",
+            "s|^socket = \"\"$|socket = \"/run/gpu-agent/nvhcd.sock\"|",
+            "-e",
+            "s|^group = \"\"$|group = \"nvrx\"|",
+            "/etc/gpu-agent/config.toml",
+        ],
+        &["systemctl", "restart", "gpu-agent"],
+    ] {
+        let out = container.exec(step);
+        assert!(out.status.success(), "{step:?}: {out:?}");
+    }
+    wait(10, "the NVRx sink on", || {
+        let out = container.stdout(&["gpu-agent", "status", "--json"]);
+        let s: serde_json::Value = serde_json::from_str(&out).ok()?;
+        s["sinks"]
+            .as_array()?
+            .iter()
+            .any(|x| x["sink"] == "nvrx-health" && x["state"] == "on")
+            .then_some(())
+    });
+    let connect = |user: &str| {
+        container.exec(&[
+            "setpriv",
+            &format!("--reuid={user}"),
+            &format!("--regid={user}"),
+            "--init-groups",
+            "perl",
+            "-MIO::Socket::UNIX",
+            "-e",
+            "IO::Socket::UNIX->new(Peer => '/run/gpu-agent/nvhcd.sock') or die qq($!\n)",
+        ])
+    };
+    let member = connect("launcher");
+    assert!(member.status.success(), "a member of nvrx: {member:?}");
+    let other = connect("outsider");
+    assert!(
+        !other.status.success()
+            && String::from_utf8_lossy(&other.stderr).contains("Permission denied"),
+        "not a member: {other:?}"
+    );
+
     // Without the package's polkit rule (on this strict site) logind refuses the lock, and
     // the agent runs on and says so.
     let unruled = container.exec(&["rm", "/usr/share/polkit-1/rules.d/50-gpu-agent.rules"]);

@@ -421,7 +421,7 @@ fn an_nvrx_client_hears_healthy_then_unhealthy_after_a_fatal_xid() {
     let python = python();
     let host = Host::new();
     let imds = FakeImds::start();
-    let socket = host.dir.path().join("nvhcd.sock");
+    let socket = host.dir.path().join("run/nvhcd.sock");
     let config = agent_config(
         &host,
         &imds,

@@ -129,7 +129,12 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
     let holders: status::Holders = pod_resources.clone();
     #[cfg(not(feature = "clients"))]
     let holders: status::Holders = None;
-    match status::Listener::bind(&config.status.socket).await {
+    match crate::sinks::listen::Listener::bind(
+        &config.status.socket,
+        crate::sinks::listen::Directory::Private,
+    )
+    .await
+    {
         Ok(listener) => {
             tokio::spawn(status::serve(
                 listener,

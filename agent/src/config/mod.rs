@@ -110,8 +110,8 @@ pub struct Config {
 pub struct NvrxConfig {
     /// The Unix socket to serve `nvhcd.HealthCheckService` on; empty: off.
     pub socket: PathBuf,
-    /// The group (name or number) that may call it besides root (the socket is 0660);
-    /// empty: root's group.
+    /// The group (name or number) that may call it besides root and the agent's own group
+    /// (the socket is 0660; the group is given access by an ACL); empty: no other.
     pub group: String,
 }
 
@@ -436,11 +436,12 @@ impl Default for NvmlConfig {
     }
 }
 
-/// `[status]`: the socket `gpu-agent status` talks to.
+/// `[status]`: the socket `gpu-agent status` (and `clear`) talks to.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StatusConfig {
-    /// Unix socket path.
+    /// Unix socket path; its directory is made 0750 and must never be shared with pods (not
+    /// the notice file's, the NVRx socket's or the ack directory's).
     pub socket: PathBuf,
 }
 
@@ -517,7 +518,7 @@ impl Default for Config {
 impl Default for StatusConfig {
     fn default() -> Self {
         Self {
-            socket: PathBuf::from("/run/gpu-agent/agent.sock"),
+            socket: PathBuf::from("/run/gpu-agent-admin/agent.sock"),
         }
     }
 }
@@ -639,6 +640,35 @@ impl Config {
                 return Err(invalid(
                     key,
                     &format!("must be an absolute path, got {value:?}"),
+                ));
+            }
+        }
+        // Pods mount the notice file's and the NVRx socket's directory; the admin socket
+        // must never be reachable from there.
+        let admin = self.status.socket.parent().unwrap_or(Path::new("/"));
+        let shared: [(&str, Option<&Path>); 3] = [
+            (
+                "checkpoint.notice_file",
+                self.checkpoint.notice_file.parent(),
+            ),
+            ("nvrx.socket", self.nvrx.socket.parent()),
+            (
+                "checkpoint.ack_dir",
+                Some(self.checkpoint.ack_dir.as_path()),
+            ),
+        ];
+        for (key, dir) in shared {
+            let Some(dir) = dir.filter(|d| !d.as_os_str().is_empty()) else {
+                continue;
+            };
+            if dir.starts_with(admin) || admin.starts_with(dir) {
+                return Err(invalid(
+                    "status.socket",
+                    &format!(
+                        "its directory {} must not be shared with pods, but {key} is {}",
+                        admin.display(),
+                        dir.display()
+                    ),
                 ));
             }
         }

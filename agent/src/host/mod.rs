@@ -4,6 +4,7 @@ mod boot;
 mod dmi;
 pub mod node_name;
 mod pci;
+pub mod peer;
 pub mod proc_read;
 pub mod resident;
 

@@ -6,6 +6,7 @@
 pub mod checkpoint;
 #[cfg(feature = "clients")]
 pub mod kubernetes;
+pub mod listen;
 pub mod metrics;
 #[cfg(feature = "clients")]
 pub mod node_conditions;

@@ -1,4 +1,5 @@
-//! The `/metrics` HTTP endpoint (hyper, HTTP/1.1), bounded like the status socket: at most
+//! The `/metrics` HTTP endpoint (hyper, HTTP/1.1), bounded like every local server
+//! ([`crate::sinks::listen`]): at most
 //! [`MAX_CONNECTIONS`] at once (further clients wait in the listen backlog), each must send
 //! its request headers within [`HEADER_TIMEOUT`] and is closed after [`CONNECTION_TIMEOUT`],
 //! so idle or slow clients on a non-loopback address cannot pile up memory or descriptors.
@@ -14,14 +15,14 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 
 use crate::shutdown::Shutdown;
+use crate::sinks::listen::Limits;
 
 /// Connections served at once; more wait in the listen backlog until one ends.
 pub const MAX_CONNECTIONS: usize = 16;
 /// A client must send a request's headers within this.
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
 /// A connection is closed after this, whatever it is doing (a scrape takes milliseconds;
 /// Prometheus reconnects for the next one).
 pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
@@ -54,41 +55,26 @@ pub async fn serve(
     Ok((local, accept_loop(listener, registry, shutdown)))
 }
 
-async fn accept_loop(listener: TcpListener, registry: Arc<Registry>, mut shutdown: Shutdown) {
-    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    loop {
-        // Wait for a free slot before accepting: excess clients queue in the backlog.
-        let permit = tokio::select! {
-            permit = Arc::clone(&permits).acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => return,
-            },
-            () = shutdown.wait() => return,
-        };
-        let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    tracing::debug!(error = %e, "Metrics accept failed.");
-                    continue;
-                }
-            },
-            () = shutdown.wait() => return,
-        };
+async fn accept_loop(listener: TcpListener, registry: Arc<Registry>, shutdown: Shutdown) {
+    let limits = Limits {
+        clients: MAX_CONNECTIONS,
+        lifetime: CONNECTION_TIMEOUT,
+    };
+    crate::sinks::listen::serve(listener, limits, "metrics", shutdown, move |stream| {
         let registry = Arc::clone(&registry);
-        tokio::spawn(async move {
+        async move {
             let service = hyper::service::service_fn(move |req| {
                 let registry = Arc::clone(&registry);
                 async move { Ok::<_, Infallible>(respond(&req, &registry)) }
             });
-            let connection = hyper::server::conn::http1::Builder::new()
+            let _ = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
-                .serve_connection(TokioIo::new(stream), service);
-            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, connection).await;
-            drop(permit);
-        });
-    }
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        }
+    })
+    .await;
 }
 
 fn respond(req: &Request<Incoming>, registry: &Registry) -> Response<Full<Bytes>> {

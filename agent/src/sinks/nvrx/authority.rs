@@ -23,6 +23,9 @@ const MAX_FRAME: usize = 16_384;
 /// The largest header block reassembled from a client (h2's own default limit is 16 KiB of
 /// decoded headers; a health check sends a few hundred bytes).
 const MAX_BLOCK: usize = 64 * 1024;
+/// A client must send the preface and its first request's headers within this of connecting
+/// (a launcher sends them at once).
+const FIRST_REQUEST: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Why the client's bytes could not be relayed.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +39,26 @@ pub enum ShimError {
     /// A header block that HPACK cannot decode, or one too large.
     #[error("bad header block: {0}")]
     Block(String),
+    /// A frame larger than the server allows (SETTINGS_MAX_FRAME_SIZE, never raised).
+    #[error("frame of {0} bytes is over 16 KiB")]
+    Frame(usize),
+    /// No preface and request headers within [`FIRST_REQUEST`].
+    #[error("no request within 2 s of connecting")]
+    Slow,
+}
+
+/// `read`, by `deadline` while there is one.
+async fn by<T>(
+    deadline: Option<tokio::time::Instant>,
+    read: impl std::future::Future<Output = std::io::Result<T>>,
+) -> Result<T, ShimError> {
+    match deadline {
+        Some(at) => tokio::time::timeout_at(at, read)
+            .await
+            .map_err(|_| ShimError::Slow)?
+            .map_err(ShimError::from),
+        None => read.await.map_err(ShimError::from),
+    }
 }
 
 /// Whether `value` is an authority h2 accepts as it is (a host name, address, port).
@@ -78,8 +101,10 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
+    // Until the first request's headers are in.
+    let mut deadline = Some(tokio::time::Instant::now() + FIRST_REQUEST);
     let mut preface = [0u8; 24];
-    from.read_exact(&mut preface).await?;
+    by(deadline, from.read_exact(&mut preface)).await?;
     if &preface != PREFACE {
         return Err(ShimError::Preface);
     }
@@ -90,14 +115,17 @@ where
     let mut open: Option<(u32, u8, Vec<u8>)> = None;
     loop {
         let mut head = [0u8; 9];
-        match from.read_exact(&mut head).await {
+        match by(deadline, from.read_exact(&mut head)).await {
             Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e.into()),
+            Err(ShimError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e),
         }
         let frame = Frame::parse(&head);
+        if frame.len > MAX_FRAME {
+            return Err(ShimError::Frame(frame.len));
+        }
         let mut payload = vec![0u8; frame.len];
-        from.read_exact(&mut payload).await?;
+        by(deadline, from.read_exact(&mut payload)).await?;
         let fragment = match frame.kind {
             HEADERS => {
                 let mut p: &[u8] = &payload;
@@ -131,6 +159,7 @@ where
             continue;
         }
         let (stream, end_stream) = (*stream, *end_stream);
+        deadline = None;
         let headers = decoder
             .decode(block)
             .map_err(|e| ShimError::Block(e.to_string()))?;
@@ -257,6 +286,25 @@ mod tests {
                 .any(|(n, v)| n == b":path" && v == b"/nvhcd.HealthCheckService/RunHealthCheck"));
         }
         assert_eq!(frames[3].1 & END_STREAM, END_STREAM);
+    }
+
+    #[tokio::test]
+    async fn an_oversized_frame_and_a_silent_client_are_cut_off() {
+        let mut input = PREFACE.to_vec();
+        input.extend(Frame::header(MAX_FRAME + 1, 0x0, 0, 1));
+        let mut out = Vec::new();
+        assert!(matches!(
+            relay_requests(input.as_slice(), &mut out).await,
+            Err(ShimError::Frame(16_385))
+        ));
+        // Connected, then silent: cut off after FIRST_REQUEST, in paused time.
+        tokio::time::pause();
+        let (_client, server) = tokio::io::duplex(64);
+        let mut out = Vec::new();
+        assert!(matches!(
+            relay_requests(server, &mut out).await,
+            Err(ShimError::Slow)
+        ));
     }
 
     #[test]

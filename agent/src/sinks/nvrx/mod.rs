@@ -3,7 +3,8 @@
 //! --ft-node-health-check-endpoint unix://<socket>` calls it before rendezvous. A node with a
 //! fatal GPU fault, or whose end is being acted on (`InterruptionPending` True), answers
 //! unhealthy, so the launcher leaves it out of the next rendezvous. Off unless `[nvrx]
-//! socket` is set; the socket is root's, mode 0660, with `[nvrx] group`.
+//! socket` is set; the socket is the agent's, mode 0660, and `[nvrx] group` is given access
+//! by an ACL (the sink is `failed` in `status` when it cannot be).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::model::{HealthSnapshot, Observation, Severity, SinkStatus, SourceState};
 use crate::shutdown::Shutdown;
+use crate::sinks::listen::{Directory, Limits, Listener};
 
 mod authority;
 
@@ -27,13 +29,19 @@ use pb::{HealthCheckRequest, HealthCheckResponse};
 
 /// The name `status` shows.
 const SINK: &str = "nvrx-health";
+/// Health checks served at once (more wait in the backlog); a launcher's check takes
+/// milliseconds, and its connection is closed after 30 s whatever it does.
+const LIMITS: Limits = Limits {
+    clients: 16,
+    lifetime: std::time::Duration::from_secs(30),
+};
 
 /// What the endpoint needs.
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// The socket.
     pub socket: PathBuf,
-    /// The group that may call it (besides root); `None`: root's group.
+    /// The group that may call it (besides root and the agent's group); `None`: no other.
     pub group: Option<String>,
 }
 
@@ -124,7 +132,7 @@ pub async fn run(
                 .await;
         }
     };
-    let listener = match super::status::Listener::bind(&settings.socket).await {
+    let listener = match Listener::bind(&settings.socket, Directory::Shared).await {
         Ok(l) => l,
         Err(e) => {
             tracing::warn!(error = %e, "NVRx health-check endpoint is off.");
@@ -132,50 +140,51 @@ pub async fn run(
             return;
         }
     };
-    if let Some(group) = &settings.group {
-        let owned = gid(group, std::path::Path::new("/etc/group"))
-            .ok_or_else(|| format!("no group {group:?}"))
+    let granted = settings.group.as_deref().map(|group| {
+        gid(group, std::path::Path::new("/etc/group"))
+            .ok_or_else(|| format!("no group {group:?} in /etc/group"))
             .and_then(|gid| {
-                std::os::unix::fs::chown(&settings.socket, None, Some(gid))
-                    .map_err(|e| e.to_string())
-            });
-        if let Err(e) = owned {
-            tracing::warn!(socket = %settings.socket.display(), error = %e, "Cannot give the NVRx health-check socket its group; only root may call it.");
-        }
+                crate::sinks::listen::grant_group(&settings.socket, gid)
+                    .map_err(|e| format!("cannot give group {group:?} access: {e}"))
+            })
+    });
+    if let Some(Err(e)) = &granted {
+        // Loud: NVRx counts a connection error as a passing health check, so a launcher of
+        // that group would admit this node to its rendezvous however sick it is.
+        tracing::error!(socket = %settings.socket.display(), error = %e, "The NVRx health-check socket answers root only: a launcher of the configured group gets EACCES, which NVRx counts as healthy.");
+        report(SourceState::Failed(format!(
+            "serving root only ({e}); NVRx counts the group's EACCES as healthy"
+        )))
+        .await;
+    } else {
+        report(SourceState::On).await;
     }
-    tracing::info!(socket = %settings.socket.display(), "Serving NVRx node health checks.");
-    report(SourceState::On).await;
+    tracing::info!(socket = %settings.socket.display(), group = settings.group.as_deref().unwrap_or("root"), "Serving NVRx node health checks.");
     let (listener, _remove) = listener.into_parts();
     // Each client connection goes through the :authority shim to the server's end of a
-    // socket pair.
+    // socket pair; a client holds three descriptors, so the cap bounds them.
     let (connections, incoming) = mpsc::channel::<std::io::Result<tokio::net::UnixStream>>(8);
-    let mut stop = shutdown.clone();
-    tokio::spawn(async move {
-        loop {
-            let client = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok((client, _)) => client,
+    tokio::spawn(crate::sinks::listen::serve(
+        listener,
+        LIMITS,
+        "nvrx",
+        shutdown.clone(),
+        move |client| {
+            let connections = connections.clone();
+            async move {
+                match tokio::net::UnixStream::pair() {
+                    Ok((shim, server)) => {
+                        if connections.send(Ok(server)).await.is_ok() {
+                            authority::relay(client, shim).await;
+                        }
+                    }
                     Err(e) => {
-                        tracing::warn!(error = %e, "NVRx health-check accept failed.");
-                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                        continue;
+                        tracing::warn!(error = %e, "Cannot open a socket pair for a health check.");
                     }
-                },
-                () = stop.wait() => return,
-            };
-            match tokio::net::UnixStream::pair() {
-                Ok((shim, server)) => {
-                    if connections.send(Ok(server)).await.is_err() {
-                        return;
-                    }
-                    tokio::spawn(authority::relay(client, shim));
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "Cannot open a socket pair for a health check.")
                 }
             }
-        }
-    });
+        },
+    ));
     let served = tonic::transport::Server::builder()
         .serve_with_incoming_shutdown(
             HealthCheckServiceServer::new(Answer { snapshots }),

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 pub use client::{query, ClientError};
 pub use render::render;
-pub use server::{serve, Holders, Listener, ServerError};
+pub use server::{serve, Holders};
 
 use crate::model::HealthSnapshot;
 
