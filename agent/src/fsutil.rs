@@ -65,7 +65,7 @@ fn write_atomic_mode(path: &Path, contents: &[u8], mode: Option<u32>) -> Result<
             let _ = std::fs::remove_file(&backup);
             std::fs::hard_link(path, &backup).map_err(err(&backup))?;
         }
-        failpoint_before_rename(&tmp);
+        failpoint_before_rename(&tmp, path);
         std::fs::rename(&tmp, path).map_err(err(path))?;
         std::fs::File::open(dir)
             .and_then(|d| d.sync_all())
@@ -77,10 +77,23 @@ fn write_atomic_mode(path: &Path, contents: &[u8], mode: Option<u32>) -> Result<
     result
 }
 
-/// Test-only failpoint: with `GPU_AGENT_FAILPOINT=pause-before-rename` the writer announces
-/// the written temporary file on stderr and stops there, so a test can kill it mid-write.
-fn failpoint_before_rename(tmp: &Path) {
-    if std::env::var_os("GPU_AGENT_FAILPOINT").is_some_and(|v| v == "pause-before-rename") {
+/// Test-only failpoint: with `GPU_AGENT_FAILPOINT=pause-before-rename` (every file) or
+/// `pause-before-rename:<file name>` (that one: a state disk that hangs under one writer)
+/// the writer announces the written temporary file on stderr and stops there for a minute,
+/// so a test can kill it mid-write or watch what goes on without it.
+fn failpoint_before_rename(tmp: &Path, path: &Path) {
+    let Some(point) = std::env::var_os("GPU_AGENT_FAILPOINT") else {
+        return;
+    };
+    let point = point.to_string_lossy();
+    let hit = match point.strip_prefix("pause-before-rename") {
+        Some("") => true,
+        Some(only) => only
+            .strip_prefix(':')
+            .is_some_and(|name| path.file_name().is_some_and(|n| n == name)),
+        None => false,
+    };
+    if hit {
         eprintln!("failpoint: paused before renaming {}", tmp.display());
         std::thread::sleep(std::time::Duration::from_secs(60));
     }

@@ -689,3 +689,45 @@ fn hostile_ack_files_are_refused_unread_and_the_agent_stays_small() {
     }
     assert!(agent.stop().success());
 }
+
+/// Review M6: the state disk hangs (every save of the checkpoint record stops for a minute
+/// before its rename, as on a saturated or failing EBS volume): the Spot notice still
+/// signals at once, and the notice file, the only channel of pods that take no signal,
+/// appears right after, not when the disk comes back.
+#[test]
+fn a_hung_state_disk_delays_neither_the_signal_nor_the_notice_file() {
+    let host = Host::new();
+    let imds = FakeImds::start();
+    let gpu = gpu_device(host.dir.path(), "nvidia0");
+    let trainer = Trainer::start(host.dir.path(), "handler", "usr1", Some(&gpu), &[]);
+    let notice_file = host.dir.path().join("run/notice.json");
+    let config = config(&host, &imds, "");
+    let agent = Agent::start_with_env(
+        &config,
+        &host.socket(),
+        &[("GPU_AGENT_FAILPOINT", "pause-before-rename:checkpoint.json")],
+    );
+    agent.wait_for_source_on(Duration::from_secs(5), "imds");
+    let deadline = rfc3339(SystemTime::now() + Duration::from_secs(120));
+    imds.set_spot(Some(&format!(
+        r#"{{"action": "terminate", "time": "{deadline}"}}"#
+    )));
+    wait(Duration::from_secs(5), "the Spot signal", || {
+        trainer.signals() == ["SIGUSR1"]
+    });
+    wait(Duration::from_secs(5), "the notice file", || {
+        notice_file.exists()
+    });
+    assert!(
+        agent.log().contains("failpoint: paused before renaming"),
+        "the record's save is hanging: {}",
+        agent.log()
+    );
+    // The checkpoint report reached the core too.
+    agent.wait_for(Duration::from_secs(5), |s| {
+        s["checkpoints"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|r| r["signalled"] == 1))
+    });
+    assert!(agent.stop().success());
+}

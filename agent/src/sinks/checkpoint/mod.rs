@@ -365,6 +365,7 @@ pub async fn run(
     mut shutdown: Shutdown,
 ) {
     let mut record = Record::load(&settings.state_file);
+    let (saves, saver) = spawn_saver(settings.state_file.clone());
     let mut first_seen: HashMap<String, Instant> = HashMap::new();
     // A notice file an earlier run left (the agent restarted during an ending) stays while
     // the notice sources take their first polls: the ending may well still be pending.
@@ -417,6 +418,7 @@ pub async fn run(
                 &metrics,
                 &reports,
                 &mut record,
+                &saves,
                 notice,
                 &snapshot,
                 &declarations.by_pod,
@@ -449,20 +451,46 @@ pub async fn run(
         }
         let sleep = next.unwrap_or(Duration::from_secs(3600));
         tokio::select! {
-            changed = snapshots.changed() => if changed.is_err() { return },
+            changed = snapshots.changed() => if changed.is_err() { break },
             () = tokio::time::sleep(sleep) => {}
-            () = shutdown.wait() => return,
+            () = shutdown.wait() => break,
         }
     }
+    // The last save finishes, if the disk lets it.
+    drop(saves);
+    let _ = tokio::time::timeout(LAST_SAVE, saver).await;
 }
 
-/// Act on one due notice: signal (or find it covered), save, report, then watch the
+/// How long a stopping agent waits for the record's last save.
+const LAST_SAVE: Duration = Duration::from_secs(2);
+
+/// The record's saver: the latest copy sent is written, one save at a time, on the blocking
+/// pool. Nothing that signals or writes the notice file waits for it, so a slow or hung
+/// state disk (a saturated EBS volume's journal commit) never delays either.
+fn spawn_saver(
+    path: std::path::PathBuf,
+) -> (watch::Sender<Option<Record>>, tokio::task::JoinHandle<()>) {
+    let (saves, mut latest) = watch::channel::<Option<Record>>(None);
+    let saver = tokio::spawn(async move {
+        while latest.changed().await.is_ok() {
+            let Some(record) = latest.borrow_and_update().clone() else {
+                continue;
+            };
+            let path = path.clone();
+            let _ = tokio::task::spawn_blocking(move || record.save(&path)).await;
+        }
+    });
+    (saves, saver)
+}
+
+/// Act on one due notice: signal (or find it covered), remember, report, then watch the
 /// signalled processes confirm and tell Kubernetes, both in the background.
 async fn act(
     settings: &Settings,
     metrics: &CheckpointMetrics,
     reports: &mpsc::Sender<Observation>,
     record: &mut Record,
+    saves: &watch::Sender<Option<Record>>,
     notice: &Notice,
     snapshot: &HealthSnapshot,
     declared: &ByPod,
@@ -503,8 +531,9 @@ async fn act(
             tracing::warn!(kind = %notice.kind, id = %notice.id, signalled, pods = pods.len(), skipped, "Checkpoint signal sent for notice.")
         }
     }
-    // Remember it right after signalling (fsync on the blocking pool, not the runtime
-    // thread), then report; nothing here waits on Kubernetes.
+    // Remember it right after signalling (saved in the background: the notice file and the
+    // next notice's signal never wait on the state disk), then report; nothing here waits
+    // on Kubernetes.
     let sent = Sent {
         id: covering
             .as_ref()
@@ -513,8 +542,7 @@ async fn act(
         targets: already.iter().chain(&new).copied().collect(),
     };
     record.remember(notice, sent.clone());
-    let (path, saved) = (settings.state_file.clone(), record.clone());
-    let _ = tokio::task::spawn_blocking(move || saved.save(&path)).await;
+    saves.send_replace(Some(record.clone()));
     let report = CheckpointReport {
         notice_id: notice.id.clone(),
         signalled,
