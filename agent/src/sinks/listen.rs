@@ -1,8 +1,9 @@
 //! The one policy every local server follows (the status socket, the NVRx health check and
-//! the metrics endpoint), because their clients may be tenants: a slot is taken *before* a
-//! connection is accepted, so clients beyond the cap wait in the kernel's listen backlog and
-//! hold none of the agent's descriptors, and each accepted connection is dropped when its
-//! lifetime ends, whatever it is doing. With every server capped, a thousand idle clients
+//! the metrics endpoint), because their clients may be tenants: at most so many connections
+//! at once, clients beyond the cap either wait in the kernel's listen backlog (a slot is
+//! taken *before* `accept`) or are turned away at once, holding none of the agent's
+//! descriptors either way, and each accepted connection is dropped when its lifetime ends,
+//! whatever it is doing. With every server capped, a thousand idle clients
 //! cannot starve the procfs scan of descriptors (and make the next notice signal nobody).
 //! Also the Unix sockets themselves: binding (a stale socket replaced, a live daemon's never),
 //! their mode, a private directory for the admin socket, and a group's access by ACL.
@@ -21,10 +22,23 @@ use crate::shutdown::Shutdown;
 /// How many clients a server serves at once and for how long each.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// Connections served at once; more wait in the listen backlog until one ends.
+    /// Connections served at once.
     pub clients: usize,
     /// A connection is closed this long after it was accepted.
     pub lifetime: Duration,
+    /// What a client beyond `clients` gets.
+    pub when_full: WhenFull,
+}
+
+/// What a client gets while every slot is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenFull {
+    /// It waits in the listen backlog until a slot frees (NVRx: a refused health check
+    /// would count as a pass; metrics: the scraper waits).
+    Wait,
+    /// It is accepted and closed at once (the status socket: `gpu-agent status` asks again,
+    /// and gets in between a flood's clients instead of behind all of them).
+    TurnAway,
 }
 
 /// A listener whose connections [`serve`] accepts.
@@ -64,12 +78,16 @@ pub async fn serve<L, F, Fut>(
 {
     let permits = Arc::new(Semaphore::new(limits.clients));
     loop {
-        let permit = tokio::select! {
-            permit = Arc::clone(&permits).acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => return,
-            },
-            () = shutdown.wait() => return,
+        let waited = if limits.when_full == WhenFull::Wait {
+            tokio::select! {
+                permit = Arc::clone(&permits).acquire_owned() => match permit {
+                    Ok(permit) => Some(permit),
+                    Err(_) => return,
+                },
+                () = shutdown.wait() => return,
+            }
+        } else {
+            None
         };
         let stream = tokio::select! {
             accepted = listener.next() => match accepted {
@@ -81,6 +99,10 @@ pub async fn serve<L, F, Fut>(
                 }
             },
             () = shutdown.wait() => return,
+        };
+        let Some(permit) = waited.or_else(|| Arc::clone(&permits).try_acquire_owned().ok()) else {
+            drop(stream);
+            continue;
         };
         let task = handle(stream);
         tokio::spawn(async move {
@@ -267,6 +289,7 @@ mod tests {
         let limits = Limits {
             clients: 2,
             lifetime: Duration::from_millis(300),
+            when_full: WhenFull::Wait,
         };
         let (trigger, shutdown) = crate::shutdown::channel();
         tokio::spawn(serve(listener, limits, "test", shutdown, move |s| {

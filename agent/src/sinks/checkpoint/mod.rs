@@ -413,17 +413,20 @@ pub async fn run(
             declarations
                 .refresh(&settings, DECLARATIONS_FOR_ACTING, &reports)
                 .await;
-            act(
+            let sent = act(
                 &settings,
                 &metrics,
                 &reports,
-                &mut record,
-                &saves,
+                &record,
                 notice,
                 &snapshot,
                 &declarations.by_pod,
             )
             .await;
+            // Remembered at once (the next notice's covering check reads it), saved in the
+            // background: the notice file and the next signal never wait on the state disk.
+            record.remember(notice, sent);
+            saves.send_replace(Some(record.clone()));
             // Latency from when it was due: at once, or at deadline - lead.
             let due_since = act_at.map_or_else(
                 || seen.elapsed(),
@@ -483,18 +486,17 @@ fn spawn_saver(
     (saves, saver)
 }
 
-/// Act on one due notice: signal (or find it covered), remember, report, then watch the
+/// Act on one due notice: signal (or find it covered), report, then watch the
 /// signalled processes confirm and tell Kubernetes, both in the background.
 async fn act(
     settings: &Settings,
     metrics: &CheckpointMetrics,
     reports: &mpsc::Sender<Observation>,
-    record: &mut Record,
-    saves: &watch::Sender<Option<Record>>,
+    record: &Record,
     notice: &Notice,
     snapshot: &HealthSnapshot,
     declared: &ByPod,
-) {
+) -> Sent {
     let now = SystemTime::now();
     metrics
         .notices
@@ -531,9 +533,7 @@ async fn act(
             tracing::warn!(kind = %notice.kind, id = %notice.id, signalled, pods = pods.len(), skipped, "Checkpoint signal sent for notice.")
         }
     }
-    // Remember it right after signalling (saved in the background: the notice file and the
-    // next notice's signal never wait on the state disk), then report; nothing here waits
-    // on Kubernetes.
+    // Report at once (the caller remembers it); nothing here waits on Kubernetes.
     let sent = Sent {
         id: covering
             .as_ref()
@@ -541,8 +541,6 @@ async fn act(
         at: covering.as_ref().map_or(now, |c| c.at),
         targets: already.iter().chain(&new).copied().collect(),
     };
-    record.remember(notice, sent.clone());
-    saves.send_replace(Some(record.clone()));
     let report = CheckpointReport {
         notice_id: notice.id.clone(),
         signalled,
@@ -643,6 +641,7 @@ async fn act(
             }
         });
     }
+    sent
 }
 
 /// Keep `path` in line with the earliest ending acted on (absent when there is none; one an

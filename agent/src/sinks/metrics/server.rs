@@ -59,6 +59,7 @@ async fn accept_loop(listener: TcpListener, registry: Arc<Registry>, shutdown: S
     let limits = Limits {
         clients: MAX_CONNECTIONS,
         lifetime: CONNECTION_TIMEOUT,
+        when_full: crate::sinks::listen::WhenFull::Wait,
     };
     crate::sinks::listen::serve(listener, limits, "metrics", shutdown, move |stream| {
         let registry = Arc::clone(&registry);

@@ -34,6 +34,7 @@ const SINK: &str = "nvrx-health";
 const LIMITS: Limits = Limits {
     clients: 16,
     lifetime: std::time::Duration::from_secs(30),
+    when_full: crate::sinks::listen::WhenFull::Wait,
 };
 
 /// What the endpoint needs.

@@ -45,6 +45,7 @@ async fn with_holders(_holders: &Holders, snapshot: HealthSnapshot) -> HealthSna
 const LIMITS: Limits = Limits {
     clients: 32,
     lifetime: Duration::from_secs(2),
+    when_full: crate::sinks::listen::WhenFull::TurnAway,
 };
 /// Longest request line accepted.
 const MAX_REQUEST: u64 = 4096;
