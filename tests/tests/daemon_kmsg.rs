@@ -326,6 +326,36 @@ fn metrics_endpoint_serves_faults() {
     assert!(agent.stop().success());
 }
 
+/// Standalone (no kubeconfig, not in a pod) the Kubernetes sink is off, and off is not an
+/// API error: nothing is counted in `gpu_agent_kubernetes_api_errors_total` while the sink
+/// looks for a kubeconfig again (the third review counted 8 `CONNECT` errors in 30 s).
+#[test]
+fn standalone_counts_no_kubernetes_api_errors() {
+    let host = Host::new();
+    let port = gpu_agent_e2e::free_port();
+    let missing = host.dir.path().join("no-kubeconfig");
+    let config = host.config(&format!(
+        "[metrics]\nlisten = \"127.0.0.1:{port}\"\n[kubernetes]\nkubeconfig = {missing:?}\n"
+    ));
+    let agent = Agent::start(&config, &host.socket());
+    agent.wait_for(Duration::from_secs(5), |s| {
+        s["sinks"].as_array().is_some_and(|a| {
+            a.iter()
+                .any(|x| x["sink"] == "kubernetes" && x["state"] == "off")
+        })
+    });
+    // Several of its retries (200 ms, doubling).
+    std::thread::sleep(Duration::from_secs(4));
+    let response = gpu_agent_e2e::http_get(port, "/metrics");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    let counted: Vec<&str> = response
+        .lines()
+        .filter(|l| l.starts_with("gpu_agent_kubernetes_api_errors_total{") && !l.ends_with(" 0"))
+        .collect();
+    assert!(counted.is_empty(), "{counted:?}");
+    assert!(agent.stop().success());
+}
+
 #[test]
 fn tells_systemd_ready_status_and_watchdog() {
     use std::os::unix::net::UnixDatagram;

@@ -53,14 +53,6 @@ fn clear_from_another_mount_namespace_is_refused() {
     assert!(agent.stop().success());
 }
 
-/// A free loopback port for the metrics endpoint.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port")
-}
-
 #[test]
 fn a_thousand_idle_clients_on_each_socket_leave_every_target_signalled() {
     const IDLE: usize = 1000;
@@ -84,7 +76,7 @@ fn a_thousand_idle_clients_on_each_socket_leave_every_target_signalled() {
         .map(|i| Trainer::start(host.dir.path(), &format!("t{i}"), "usr1", Some(&gpu), &[]))
         .collect();
     let nvrx = host.dir.path().join("run/nvhcd.sock");
-    let port = free_port();
+    let port = gpu_agent_e2e::free_port();
     let config = host.checkpoint_config(
         &imds,
         false,

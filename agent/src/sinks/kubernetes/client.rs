@@ -87,7 +87,9 @@ impl ApiError {
         }
     }
 
-    /// Metric labels: verb and code (`none` when the server did not answer).
+    /// Metric labels: verb and code (`none` when the server did not answer; `CONNECT` when
+    /// no client could be built from the kubeconfig). [`ApiError::NotConfigured`] is never
+    /// counted: with no kubeconfig the sink is off.
     pub fn labels(&self) -> (&'static str, String) {
         let verb = match self {
             Self::Unauthorized { verb, .. }

@@ -290,15 +290,18 @@ pub async fn run(
                 }
             }
             Err(e) => {
-                let (verb, code) = e.labels();
-                writer
-                    .metrics
-                    .errors
-                    .get_or_create(&metrics::ErrorLabels {
-                        verb: verb.into(),
-                        code,
-                    })
-                    .inc();
+                // No kubeconfig (standalone) is the sink being off, not a failed API call.
+                if !matches!(e, ApiError::NotConfigured { .. }) {
+                    let (verb, code) = e.labels();
+                    writer
+                        .metrics
+                        .errors
+                        .get_or_create(&metrics::ErrorLabels {
+                            verb: verb.into(),
+                            code,
+                        })
+                        .inc();
+                }
                 writer.link.after_error(&e);
                 let message = e.to_string();
                 if last_error.as_deref() != Some(&message) {

@@ -10,7 +10,8 @@
 //!   MIG-enabled GPU names the GPU (and compute) instance inside the parentheses
 //! - `NVRM: Xid (PCI:0008:01:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 04 (0x... 0x... ...)`
 //! - fallen off the bus without an Xid, in every wording: `NVRM: GPU at PCI:0000:3b:00: GPU
-//!   has fallen off the bus.`, `NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.`, 8-digit
+//!   has fallen off the bus.`, `NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.`, `NVRM: GPU at
+//!   0000:01:00.0 has fallen off the bus.` (older drivers, no colon), 8-digit
 //!   domains, and the long notice `NVRM: The NVIDIA GPU 0000:0e:00.0 (PCI ID: 10de:1b06)
 //!   installed in this system has fallen off the bus and is not responding to commands.`,
 //!   printed as one record (its newlines escaped as `\x0a`) or as several `NVRM:` records, the
@@ -141,14 +142,15 @@ fn parse_xid(text: &str) -> Option<FaultLine<'_>> {
     Some(FaultLine::Xid { pci, code, rest })
 }
 
-/// `<address>: ... fallen off the bus ...` (after `GPU at ` or `GPU `).
+/// `<address>: ... fallen off the bus ...` or, in older drivers' wording, `<address> has
+/// fallen off the bus.` (after `GPU at ` or `GPU `): the address is the first word.
 fn parse_fallen_off_bus(text: &str) -> Option<FaultLine<'_>> {
-    let (address, what) = text.split_once(": ")?;
+    let (address, what) = text.split_once(' ')?;
     if !what.contains(FALLEN_OFF) {
         return None;
     }
     Some(FaultLine::FallenOffBus {
-        pci: address.parse().ok()?,
+        pci: address.strip_suffix(':').unwrap_or(address).parse().ok()?,
     })
 }
 
@@ -261,6 +263,9 @@ mod tests {
             // An 8-digit domain, as NVML prints it.
             ("NVRM: GPU at PCI:00000000:3b:00: GPU has fallen off the bus.", gpu("0000:3b:00.0")),
             ("NVRM: GPU 00000008:01:00.0: GPU has fallen off the bus.", gpu("0008:01:00.0")),
+            // Older drivers: no colon after the address.
+            ("NVRM: GPU at 0000:01:00.0 has fallen off the bus.", gpu("0000:01:00.0")),
+            ("NVRM: GPU at PCI:0000:3b:00 has fallen off the bus.", gpu("0000:3b:00.0")),
             // The long notice in one record (PCI-passthrough and eGPU reports).
             ("NVRM: The NVIDIA GPU 0000:0e:00.0 (PCI ID: 10de:1b06) installed in this system has fallen off the bus and is not responding to commands.", gpu("0000:0e:00.0")),
             // ... with the newline the kernel escapes in /dev/kmsg.
