@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use gpu_agent_e2e::imds::{scheduled_reboot, FakeImds};
 use gpu_agent_e2e::kube_api::KubeApi;
-use gpu_agent_e2e::trainer::{gpu_device, rfc3339, PodCgroup};
+use gpu_agent_e2e::trainer::{gpu_device, rfc3339, PodCgroup, Trainer};
 use gpu_agent_e2e::{wait_until as wait, Agent, Host};
 use serde_json::Value;
 
@@ -311,7 +311,17 @@ fn a_lightning_fit_saves_on_its_declared_signal_at_deadline_minus_its_declared_l
         out.join("fit.ready").exists()
     });
 
-    // A reboot 68 s from now: due 8 s from now (68 - 60), not at 67 s (68 - 1).
+    // A GPU process outside that pod that handles the signal: the node's lead is its lead.
+    let other = Trainer::start(
+        host.dir.path(),
+        "other",
+        "usr1",
+        Some(&gpu_device(host.dir.path(), "nvidia6")),
+        &[],
+    );
+    // A reboot 68 s from now: the pod's processes are due 8 s from now (68 - 60); the node
+    // (InterruptionPending, NVRx, every other pod) keeps the configured lead: 67 s (review
+    // M3: one tenant's annotation never moves the node).
     let not_before = SystemTime::now() + Duration::from_secs(68);
     imds.set_scheduled(&scheduled_reboot(not_before));
     let s = agent.wait_for(Duration::from_secs(5), |s| {
@@ -323,8 +333,14 @@ fn a_lightning_fit_saves_on_its_declared_signal_at_deadline_minus_its_declared_l
         .as_str()
         .unwrap_or_default()
         .to_string();
-    let expected = rfc3339(not_before - Duration::from_secs(60));
-    assert_eq!(act_at, expected, "{s}");
+    assert_eq!(act_at, rfc3339(not_before - Duration::from_secs(1)), "{s}");
+    let pod_at = rfc3339(not_before - Duration::from_secs(60));
+    assert!(
+        s["pending_end"]["lead_from"]
+            .as_str()
+            .is_some_and(|w| w.contains(&format!("its own processes are signalled at {pod_at}"))),
+        "{s}"
+    );
     let (_, text) = agent.status(false);
     assert!(
         text.contains("Checkpoint lead: pod ml/fit-0 declares a 1m checkpoint"),
@@ -359,6 +375,15 @@ fn a_lightning_fit_saves_on_its_declared_signal_at_deadline_minus_its_declared_l
     assert!(
         signalled_at < not_before - Duration::from_secs(40),
         "signalled at deadline - declared lead, not at deadline - configured lead"
+    );
+    assert!(
+        other.signals().is_empty(),
+        "another pod's lead never moves this process's signal"
+    );
+    let node = api.condition(NODE, "InterruptionPending");
+    assert!(
+        node.as_ref().is_some_and(|c| c["status"] == "False"),
+        "the node is not pending on one pod's lead: {node:?}"
     );
     let s = agent.wait_for(Duration::from_secs(10), |s| report(s)["confirmed"] == 1);
     assert_eq!(report(&s)["signalled"], 1, "{s}");

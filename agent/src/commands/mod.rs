@@ -98,6 +98,7 @@ impl HostFacts {
             opt_in_env: config.checkpoint.opt_in_env,
             read_deadline: crate::host::proc_read::DEFAULT_DEADLINE,
             declared: checkpoint::ByPod::new(),
+            only_pods: None,
         }
     }
 

@@ -655,28 +655,41 @@ impl HealthModel {
     /// The end acted on first: the earliest act time (a Spot notice or a shutdown: now),
     /// then the earliest deadline. A far scheduled maintenance never hides a Spot notice.
     fn pending_end(&self) -> Option<crate::model::PendingEnd> {
-        let lead_of = |n: &crate::model::Notice| {
-            let configured = self.leads.get(&n.kind).copied().unwrap_or_default();
-            crate::model::notice::effective_lead(configured, self.declared_lead.as_ref())
-        };
+        // The node acts on the configured lead; a pod's longer declared lead moves only its
+        // own processes' signal (said in `lead_from`).
+        let lead_of =
+            |n: &crate::model::Notice| self.leads.get(&n.kind).copied().unwrap_or_default();
         let n = self
             .notices
             .values()
             .flatten()
             .filter(|n| n.kind.ends_instance())
             .min_by_key(|n| {
-                let act_at = n.act_at(lead_of(n).0).unwrap_or(SystemTime::UNIX_EPOCH);
+                let act_at = n.act_at(lead_of(n)).unwrap_or(SystemTime::UNIX_EPOCH);
                 (act_at, n.deadline)
             })?;
         let report = self.checkpoints.get(&n.id);
-        let (lead, lead_from) = lead_of(n);
+        let lead = lead_of(n);
+        let lead_from = self
+            .declared_lead
+            .as_ref()
+            .filter(|d| d.lead > lead)
+            .and_then(|d| {
+                let pod_at = n.act_at(crate::model::notice::pod_lead(lead, d.lead))?;
+                Some(format!(
+                    "pod {} declares a {} checkpoint: its own processes are signalled at {}",
+                    d.pod,
+                    humantime::format_duration(d.lead),
+                    crate::model::time::rfc3339(pod_at)
+                ))
+            });
         Some(crate::model::PendingEnd {
             kind: n.kind.name().to_string(),
             deadline: n.deadline,
             detail: n.detail.clone(),
             signalled: report.map_or(0, |c| c.signalled),
             act_at: n.act_at(lead),
-            lead_from: n.act_at(lead).and(lead_from),
+            lead_from,
             covered_by: report.and_then(|c| c.covered_by.clone()),
             waiting_for: report.map(|c| c.waiting_for.clone()).unwrap_or_default(),
         })

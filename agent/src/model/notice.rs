@@ -148,23 +148,23 @@ pub struct DeclaredLead {
     pub pod: String,
 }
 
-/// The lead a notice is acted on with: the configured one, or a longer one a pod declares
-/// (then also who declares it, for `status` and the condition message).
-pub fn effective_lead(
+/// The longest lead a pod may declare where `configured` is the node's: four times it,
+/// but never under 10 minutes (a short configured lead still lets a slow save start early)
+/// nor over 2 hours (one tenant's typo, `120h` for `120s`, never signals days early).
+pub fn lead_cap(configured: std::time::Duration) -> std::time::Duration {
+    const FLOOR: std::time::Duration = std::time::Duration::from_secs(10 * 60);
+    const CEILING: std::time::Duration = std::time::Duration::from_secs(2 * 3600);
+    configured.saturating_mul(4).clamp(FLOOR, CEILING)
+}
+
+/// The lead a pod's own processes are signalled with: its declared lead, capped by
+/// [`lead_cap`], and never shorter than the configured one. Only that pod's processes go
+/// early; the node (`InterruptionPending`, NVRx, every other pod) keeps the configured lead.
+pub fn pod_lead(
     configured: std::time::Duration,
-    declared: Option<&DeclaredLead>,
-) -> (std::time::Duration, Option<String>) {
-    match declared {
-        Some(d) if d.lead > configured => (
-            d.lead,
-            Some(format!(
-                "pod {} declares a {} checkpoint",
-                d.pod,
-                humantime::format_duration(d.lead)
-            )),
-        ),
-        _ => (configured, None),
-    }
+    declared: std::time::Duration,
+) -> std::time::Duration {
+    declared.min(lead_cap(configured)).max(configured)
 }
 
 /// A duration as whole seconds.

@@ -167,8 +167,8 @@ pub struct PendingEnd {
     /// lead); `None`: at once (a Spot notice, a shutdown).
     #[serde(with = "super::time::option", default)]
     pub act_at: Option<SystemTime>,
-    /// Why the lead is longer than configured: the pod that declares its checkpoint takes
-    /// longer (`gpu-agent.io/checkpoint-lead`).
+    /// A pod that declares a longer checkpoint (`gpu-agent.io/checkpoint-lead`), and when its
+    /// own processes are signalled (the node's `act_at` stays the configured lead's).
     #[serde(default)]
     pub lead_from: Option<String>,
     /// The notice already signalled for this ending, if this one was covered by it.

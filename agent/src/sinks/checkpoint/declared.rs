@@ -104,6 +104,40 @@ impl Declared {
 /// Declarations of the pods on this node, by pod UID.
 pub type ByPod = HashMap<String, Declared>;
 
+/// The pods (UIDs, of `gpu_pods`) whose own declared lead makes `notice` due for their
+/// processes at `now` while the node's configured lead does not yet (and not in `done`),
+/// and the next time another pod's will be.
+pub fn due_early(
+    declared: &ByPod,
+    gpu_pods: &[String],
+    notice: &crate::model::Notice,
+    configured: Duration,
+    now: std::time::SystemTime,
+    done: &[String],
+) -> (Vec<String>, Option<std::time::SystemTime>) {
+    let mut due = Vec::new();
+    let mut next: Option<std::time::SystemTime> = None;
+    for uid in gpu_pods {
+        let Some(lead) = declared.get(uid).and_then(|d| d.lead) else {
+            continue;
+        };
+        let lead = crate::model::notice::pod_lead(configured, lead);
+        if lead <= configured || done.contains(uid) {
+            continue;
+        }
+        let Some(at) = notice.act_at(lead) else {
+            continue;
+        };
+        if at <= now {
+            due.push(uid.clone());
+        } else {
+            next = Some(next.map_or(at, |n| n.min(at)));
+        }
+    }
+    due.sort();
+    (due, next)
+}
+
 /// The longest lead declared, and by which pod.
 #[cfg_attr(not(feature = "clients"), allow(dead_code))]
 pub fn longest_lead(declared: &ByPod) -> Option<(Duration, String)> {
@@ -116,6 +150,57 @@ pub fn longest_lead(declared: &ByPod) -> Option<(Duration, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Review M3: a pod's declared lead moves its own processes only, capped relative to the
+    /// configured lead, and a pod holding no GPU moves nothing.
+    #[test]
+    fn only_gpu_pods_go_early_and_no_further_than_the_cap() {
+        use crate::model::{Notice, NoticeKind, SourceKind};
+        use std::time::SystemTime;
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let notice = Notice {
+            id: "cb".into(),
+            kind: NoticeKind::CapacityBlock,
+            // Five days away.
+            deadline: now + Duration::from_secs(5 * 24 * 3600),
+            detail: String::new(),
+            source: SourceKind::Imds,
+        };
+        let pod = |lead: u64| Declared {
+            pod: "ml/x".into(),
+            ask: None,
+            lead: Some(Duration::from_secs(lead)),
+            problems: Vec::new(),
+        };
+        let declared: ByPod = [
+            ("week".to_string(), pod(7 * 24 * 3600)),
+            ("idle".to_string(), pod(7 * 24 * 3600)),
+        ]
+        .into_iter()
+        .collect();
+        let configured = Duration::from_secs(15 * 60);
+        let gpu = vec!["week".to_string()];
+        // A week's lead is capped at 4 x 15 min = 1 h: nothing is due five days ahead.
+        let (due, next) = due_early(&declared, &gpu, &notice, configured, now, &[]);
+        assert!(due.is_empty());
+        assert_eq!(next, Some(notice.deadline - Duration::from_secs(3600)));
+        // An hour before the end the GPU pod is due, the pod holding no GPU never.
+        let late = notice.deadline - Duration::from_secs(3600);
+        let (due, _) = due_early(&declared, &gpu, &notice, configured, late, &[]);
+        assert_eq!(due, ["week"]);
+        let (due, next) = due_early(&declared, &gpu, &notice, configured, late, &due);
+        assert!(due.is_empty() && next.is_none(), "once");
+        assert_eq!(
+            crate::model::notice::lead_cap(Duration::from_secs(1)),
+            Duration::from_secs(600),
+            "never under 10 minutes"
+        );
+        assert_eq!(
+            crate::model::notice::lead_cap(Duration::from_secs(3600)),
+            Duration::from_secs(7200),
+            "never over 2 hours"
+        );
+    }
 
     fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs

@@ -187,6 +187,12 @@ pub fn signal_targets(
 ) -> (Vec<Candidate>, Vec<String>) {
     let (mut signalled, mut skipped) = (Vec::new(), Vec::new());
     for c in scan(selection) {
+        // Another pod's processes, while only some pods' declared leads are due.
+        if let Some(only) = &selection.only_pods {
+            if !c.pod_uid.as_ref().is_some_and(|uid| only.contains(uid)) {
+                continue;
+            }
+        }
         if already.contains(&(c.pid, c.start_time)) {
             tracing::info!(pid = c.pid, name = %c.name, trigger = %notice.kind, "Already signalled for this ending; not signalled again.");
             continue;
@@ -265,6 +271,8 @@ const DECLARATIONS_FOR_ACTING: Duration = Duration::from_secs(5);
 #[derive(Debug, Default)]
 struct Declarations {
     by_pod: ByPod,
+    /// The pods (UIDs) holding GPUs (every declaring pod, when the kubelet cannot say).
+    gpu_pods: Vec<String>,
     /// The longest lead among the pods holding GPUs.
     lead: Option<crate::model::DeclaredLead>,
     read_at: Option<Instant>,
@@ -290,13 +298,14 @@ impl Declarations {
             )
             .await;
             match read {
-                Ok(Ok((by_pod, lead))) => {
+                Ok(Ok((by_pod, gpu_pods, lead))) => {
                     for d in by_pod.values() {
                         for problem in &d.problems {
                             tracing::warn!(pod = %d.pod, %problem, "Pod annotation ignored; the default applies.");
                         }
                     }
                     self.by_pod = by_pod;
+                    self.gpu_pods = gpu_pods;
                     if lead != self.lead {
                         let _ = reports.send(Observation::DeclaredLead(lead.clone())).await;
                         self.lead = lead;
@@ -323,7 +332,7 @@ impl Declarations {
 async fn read_declarations(
     link: &super::kubernetes::Link,
     lookup: Option<&super::pod_resources::Lookup>,
-) -> Result<(ByPod, Option<crate::model::DeclaredLead>), String> {
+) -> Result<(ByPod, Vec<String>, Option<crate::model::DeclaredLead>), String> {
     let api = link.api().await.map_err(|e| e.to_string())?;
     let pods = api.pods_on_node().await.map_err(|e| e.to_string())?;
     let holders: Option<Vec<(String, String)>> = match lookup {
@@ -353,7 +362,7 @@ async fn read_declarations(
     }
     let lead = declared::longest_lead(&gpu_pods)
         .map(|(lead, pod)| crate::model::DeclaredLead { lead, pod });
-    Ok((by_pod, lead))
+    Ok((by_pod, gpu_pods.into_keys().collect(), lead))
 }
 
 /// Run until shutdown.
@@ -400,27 +409,61 @@ pub async fn run(
                 .entry(notice.id.clone())
                 .or_insert_with(Instant::now);
             let configured = settings.lead.get(&notice.kind).copied().unwrap_or_default();
-            let (lead, _) =
-                crate::model::notice::effective_lead(configured, declarations.lead.as_ref());
-            let act_at = notice.act_at(lead);
-            if let Some(wait) = act_at.and_then(|at| at.duration_since(now).ok()) {
-                if !wait.is_zero() {
-                    let wait = wait.min(DECLARATIONS_WHILE_WAITING);
-                    next = Some(next.map_or(wait, |n| n.min(wait)));
-                    continue;
+            let act_at = notice.act_at(configured);
+            if let Some(wait) = act_at
+                .and_then(|at| at.duration_since(now).ok())
+                .filter(|w| !w.is_zero())
+            {
+                // Not the node's time yet; a pod that declares a longer checkpoint may be
+                // due: its own processes, and only those, are signalled now.
+                let (done, _) = record.early(&notice.id);
+                let (due, later) = declared::due_early(
+                    &declarations.by_pod,
+                    &declarations.gpu_pods,
+                    notice,
+                    configured,
+                    now,
+                    done,
+                );
+                if !due.is_empty() {
+                    declarations
+                        .refresh(&settings, DECLARATIONS_FOR_ACTING, &reports)
+                        .await;
+                    let early = record.early(&notice.id).1.to_vec();
+                    let scope = Scope {
+                        declared: &declarations.by_pod,
+                        only_pods: Some(due.clone()),
+                        early: early.clone(),
+                    };
+                    let sent = act(
+                        &settings, &metrics, &reports, &record, notice, &snapshot, scope,
+                    )
+                    .await;
+                    let new: Vec<(i32, u64)> = sent
+                        .targets
+                        .into_iter()
+                        .filter(|t| !early.contains(t))
+                        .collect();
+                    record.remember_early(&notice.id, &due, &new);
+                    saves.send_replace(Some(record.clone()));
                 }
+                let later = later.and_then(|at| at.duration_since(now).ok());
+                let wait = later
+                    .map_or(wait, |l| l.min(wait))
+                    .min(DECLARATIONS_WHILE_WAITING);
+                next = Some(next.map_or(wait, |n| n.min(wait)));
+                continue;
             }
             declarations
                 .refresh(&settings, DECLARATIONS_FOR_ACTING, &reports)
                 .await;
+            let scope = Scope {
+                declared: &declarations.by_pod,
+                only_pods: None,
+                early: record.early(&notice.id).1.to_vec(),
+            };
             let sent = act(
-                &settings,
-                &metrics,
-                &reports,
-                &record,
-                notice,
-                &snapshot,
-                &declarations.by_pod,
+                &settings, &metrics, &reports, &record, notice, &snapshot, scope,
             )
             .await;
             // Remembered at once (the next notice's covering check reads it), saved in the
@@ -488,6 +531,17 @@ fn spawn_saver(
 
 /// Act on one due notice: signal (or find it covered), report, then watch the
 /// signalled processes confirm and tell Kubernetes, both in the background.
+/// Which processes one act signals.
+struct Scope<'a> {
+    /// What the pods declare.
+    declared: &'a ByPod,
+    /// Only these pods' processes (their declared lead is due before the node's); `None`:
+    /// every process (the notice is acted on for the node).
+    only_pods: Option<Vec<String>>,
+    /// Processes already signalled ahead of this notice (its early pods').
+    early: Vec<(i32, u64)>,
+}
+
 async fn act(
     settings: &Settings,
     metrics: &CheckpointMetrics,
@@ -495,22 +549,26 @@ async fn act(
     record: &Record,
     notice: &Notice,
     snapshot: &HealthSnapshot,
-    declared: &ByPod,
+    scope: Scope<'_>,
 ) -> Sent {
     let now = SystemTime::now();
-    metrics
-        .notices
-        .get_or_create(&KindLabels {
-            kind: notice.kind.name().into(),
-        })
-        .inc();
+    if scope.only_pods.is_none() {
+        metrics
+            .notices
+            .get_or_create(&KindLabels {
+                kind: notice.kind.name().into(),
+            })
+            .inc();
+    }
     let covering = record.covering(notice, now, settings.windows).cloned();
-    let already: Vec<(i32, u64)> = covering
+    let mut already: Vec<(i32, u64)> = covering
         .as_ref()
         .map(|c| c.targets.clone())
         .unwrap_or_default();
+    already.extend(scope.early.iter().copied());
     let mut selection = settings.selection.clone();
-    selection.declared = declared.clone();
+    selection.declared = scope.declared.clone();
+    selection.only_pods = scope.only_pods.clone();
     let (n, m, skip) = (notice.clone(), metrics.clone(), already.clone());
     let (targets, not_signalled) =
         tokio::task::spawn_blocking(move || signal_targets(&selection, &n, &skip, Some(&m)))

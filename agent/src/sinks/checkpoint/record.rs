@@ -54,7 +54,25 @@ pub struct Record {
     /// The last fatal-fault incident signalled.
     #[serde(default)]
     last_fatal: Option<Sent>,
+    /// Pods whose processes were signalled ahead of a notice, on their own declared lead,
+    /// before the notice is acted on for the node.
+    #[serde(default)]
+    early: Vec<Early>,
 }
+
+/// The pods signalled ahead of one notice.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Early {
+    /// The notice id.
+    notice: String,
+    /// Their pod UIDs.
+    pods: Vec<String>,
+    /// `(pid, start time)` of each process signalled.
+    targets: Vec<(i32, u64)>,
+}
+
+/// Notices with pods signalled ahead remembered at once.
+const EARLY_REMEMBERED: usize = 16;
 
 impl Record {
     /// Load `path`; a missing or unreadable file is an empty record.
@@ -95,6 +113,7 @@ impl Record {
     /// Remember that `notice` was acted on, with `sent`: what was signalled for it (for a
     /// covered notice, the covering signalling's targets plus any new ones).
     pub fn remember(&mut self, notice: &Notice, sent: Sent) {
+        self.early.retain(|e| e.notice != notice.id);
         self.signalled.push(notice.id.clone());
         if self.signalled.len() > REMEMBERED {
             self.signalled.remove(0);
@@ -104,6 +123,34 @@ impl Record {
         } else if notice.kind == NoticeKind::FatalFault {
             self.last_fatal = Some(sent);
         }
+    }
+
+    /// The pods signalled ahead of notice `id`, and their processes.
+    pub fn early(&self, id: &str) -> (&[String], &[(i32, u64)]) {
+        self.early
+            .iter()
+            .find(|e| e.notice == id)
+            .map_or((&[], &[]), |e| (e.pods.as_slice(), e.targets.as_slice()))
+    }
+
+    /// Remember that `pods` of notice `id` were signalled ahead (`targets`).
+    pub fn remember_early(&mut self, id: &str, pods: &[String], targets: &[(i32, u64)]) {
+        let at = match self.early.iter().position(|e| e.notice == id) {
+            Some(at) => at,
+            None => {
+                if self.early.len() >= EARLY_REMEMBERED {
+                    self.early.remove(0);
+                }
+                self.early.push(Early {
+                    notice: id.to_string(),
+                    ..Early::default()
+                });
+                self.early.len() - 1
+            }
+        };
+        let entry = &mut self.early[at];
+        entry.pods.extend(pods.iter().cloned());
+        entry.targets.extend(targets.iter().copied());
     }
 }
 

@@ -125,6 +125,9 @@ pub struct Selection {
     pub read_deadline: std::time::Duration,
     /// What the pods on this node declare, by pod UID.
     pub declared: declared::ByPod,
+    /// Only these pods' processes are signalled (UIDs; their declared leads are due before
+    /// the node's); `None`: every pod's.
+    pub only_pods: Option<Vec<String>>,
 }
 
 /// A process's own procfs file (`stat`, `status`: lock-free, no deadline needed), capped.
@@ -666,6 +669,7 @@ mod tests {
             opt_in_env: true,
             read_deadline: std::time::Duration::from_millis(100),
             declared: declared::ByPod::new(),
+            only_pods: None,
         };
         let found = scan(&sel);
         let why = |pid: i32| {
@@ -766,6 +770,7 @@ mod tests {
             opt_in_env: true,
             read_deadline: std::time::Duration::from_millis(100),
             declared: declared::ByPod::new(),
+            only_pods: None,
         };
         let started = std::time::Instant::now();
         let found = scan(&sel);
@@ -853,6 +858,7 @@ mod tests {
             opt_in_env: true,
             read_deadline: std::time::Duration::from_millis(100),
             declared,
+            only_pods: None,
         }
     }
 
