@@ -67,6 +67,15 @@ impl FakeImds {
         self.state.lock().expect("state").spot = body.map(str::to_string);
     }
 
+    /// Post a Spot `terminate` notice for `in_` from now; its deadline as IMDS writes it.
+    pub fn spot_terminate_in(&self, in_: std::time::Duration) -> String {
+        let deadline = crate::trainer::rfc3339(std::time::SystemTime::now() + in_);
+        self.set_spot(Some(&format!(
+            r#"{{"action": "terminate", "time": "{deadline}"}}"#
+        )));
+        deadline
+    }
+
     /// Set or clear the rebalance recommendation.
     pub fn set_rebalance(&self, body: Option<&str>) {
         self.state.lock().expect("state").rebalance = body.map(str::to_string);

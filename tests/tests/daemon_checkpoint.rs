@@ -62,10 +62,7 @@ fn a_spot_notice_signals_handlers_once_and_never_a_process_without_one() {
 
     let agent = Agent::start(&config, &host.socket());
     agent.wait_for_source_on(Duration::from_secs(5), "imds");
-    let deadline = rfc3339(SystemTime::now() + Duration::from_secs(120));
-    imds.set_spot(Some(&format!(
-        r#"{{"action": "terminate", "time": "{deadline}"}}"#
-    )));
+    let deadline = imds.spot_terminate_in(Duration::from_secs(120));
     let took = wait(Duration::from_secs(5), "SIGUSR1 at the handler", || {
         handler.signals() == ["SIGUSR1"]
     });
@@ -263,10 +260,7 @@ fn a_spot_notice_then_the_shutdown_signal_once_and_the_notice_file_comes_and_goe
         &format!("notice_file = {notice_file:?}\nhold = \"1s\"\n"),
     );
     assert!(!notice_file.exists(), "nothing pending, no file");
-    let deadline = rfc3339(SystemTime::now() + Duration::from_secs(120));
-    imds.set_spot(Some(&format!(
-        r#"{{"action": "terminate", "time": "{deadline}"}}"#
-    )));
+    let deadline = imds.spot_terminate_in(Duration::from_secs(120));
     wait(Duration::from_secs(5), "the Spot signal", || {
         trainer.signals() == ["SIGUSR1"]
     });
@@ -510,10 +504,7 @@ fn a_target_in_a_pod_gets_an_event_and_cordon_is_opt_in() {
     );
     std::fs::write(&config, text).expect("config");
     let agent = Agent::start(&config, &host.socket());
-    let deadline = rfc3339(SystemTime::now() + Duration::from_secs(120));
-    imds.set_spot(Some(&format!(
-        r#"{{"action": "terminate", "time": "{deadline}"}}"#
-    )));
+    imds.spot_terminate_in(Duration::from_secs(120));
     wait(Duration::from_secs(5), "the signal", || {
         handler.signals() == ["SIGUSR1"]
     });
@@ -570,10 +561,7 @@ fn the_notice_file_survives_an_agent_restart_during_an_ending() {
     let notice_file = host.dir.path().join("run/notice.json");
     let config = config(&host, &imds, &format!("notice_file = {notice_file:?}\n"));
     let agent = Agent::start(&config, &host.socket());
-    let deadline = rfc3339(SystemTime::now() + Duration::from_secs(120));
-    imds.set_spot(Some(&format!(
-        r#"{{"action": "terminate", "time": "{deadline}"}}"#
-    )));
+    imds.spot_terminate_in(Duration::from_secs(120));
     wait(Duration::from_secs(5), "the notice file", || {
         notice_file.exists()
     });
@@ -637,10 +625,7 @@ fn hostile_ack_files_are_refused_unread_and_the_agent_stays_small() {
     let agent = Agent::start(&config, &host.socket());
     agent.wait_for_source_on(Duration::from_secs(5), "imds");
     let before = status_kib(agent.pid(), "VmRSS:");
-    let deadline = rfc3339(SystemTime::now() + Duration::from_secs(6));
-    imds.set_spot(Some(&format!(
-        r#"{{"action": "terminate", "time": "{deadline}"}}"#
-    )));
+    imds.spot_terminate_in(Duration::from_secs(6));
     wait(Duration::from_secs(5), "every trainer signalled", || {
         trainers.iter().all(|t| t.signals() == ["SIGUSR1"])
     });
@@ -708,10 +693,7 @@ fn a_hung_state_disk_delays_neither_the_signal_nor_the_notice_file() {
         &[("GPU_AGENT_FAILPOINT", "pause-before-rename:checkpoint.json")],
     );
     agent.wait_for_source_on(Duration::from_secs(5), "imds");
-    let deadline = rfc3339(SystemTime::now() + Duration::from_secs(120));
-    imds.set_spot(Some(&format!(
-        r#"{{"action": "terminate", "time": "{deadline}"}}"#
-    )));
+    imds.spot_terminate_in(Duration::from_secs(120));
     wait(Duration::from_secs(5), "the Spot signal", || {
         trainer.signals() == ["SIGUSR1"]
     });

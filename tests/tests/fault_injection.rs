@@ -9,11 +9,11 @@
 
 use std::io::Write;
 use std::os::unix::net::UnixStream;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use gpu_agent_e2e::imds::{FakeImds, ImdsFault};
 use gpu_agent_e2e::kube_api::{KubeApi, Mode};
-use gpu_agent_e2e::trainer::{gpu_device, rfc3339, Trainer};
+use gpu_agent_e2e::trainer::{gpu_device, Trainer};
 use gpu_agent_e2e::{fault, inject, wait_until as wait, Agent, Host, NvmlScenario};
 use serde_json::Value;
 
@@ -159,10 +159,7 @@ fn imds_slow_failing_malformed_and_expired_tokens_still_deliver_the_notice() {
 
     // The token expires mid-run (the service forgets it): the client must fetch a new one.
     imds.expire_tokens();
-    let deadline = rfc3339(SystemTime::now() + Duration::from_secs(120));
-    imds.set_spot(Some(&format!(
-        r#"{{"action": "terminate", "time": "{deadline}"}}"#
-    )));
+    imds.spot_terminate_in(Duration::from_secs(120));
     let deadline = Instant::now() + Duration::from_secs(10);
     while trainer.signals() != ["SIGUSR1"] {
         assert!(
@@ -198,10 +195,7 @@ fn a_bad_imds_body_on_one_path_never_hides_a_spot_notice() {
         s.to_string().contains("rebalance"),
         "the reason names the path: {s}"
     );
-    let deadline = rfc3339(SystemTime::now() + Duration::from_secs(120));
-    imds.set_spot(Some(&format!(
-        r#"{{"action": "terminate", "time": "{deadline}"}}"#
-    )));
+    imds.spot_terminate_in(Duration::from_secs(120));
     wait(Duration::from_secs(5), "the Spot signal", || {
         trainer.signals() == ["SIGUSR1"]
     });

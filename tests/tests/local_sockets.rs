@@ -5,10 +5,10 @@
 
 use std::io::Read;
 use std::os::unix::net::UnixStream;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use gpu_agent_e2e::imds::FakeImds;
-use gpu_agent_e2e::trainer::{gpu_device, rfc3339, Trainer};
+use gpu_agent_e2e::trainer::{gpu_device, Trainer};
 use gpu_agent_e2e::{binary, inject, wait_until as wait, Agent, Host};
 
 /// `gpu-agent clear` from root in another mount namespace (`unshare -m`, as in a container
@@ -139,10 +139,7 @@ fn a_thousand_idle_clients_on_each_socket_leave_every_target_signalled() {
         .count();
     assert!(fds < 300, "the agent holds {fds} descriptors");
 
-    let deadline = rfc3339(SystemTime::now() + Duration::from_secs(120));
-    imds.set_spot(Some(&format!(
-        r#"{{"action": "terminate", "time": "{deadline}"}}"#
-    )));
+    imds.spot_terminate_in(Duration::from_secs(120));
     wait(Duration::from_secs(10), "SIGUSR1 at every trainer", || {
         trainers.iter().all(|t| t.signals() == ["SIGUSR1"])
     });

@@ -217,10 +217,7 @@ fn torchrun_workers_save_on_the_signal_their_pod_declares_and_the_launcher_is_sp
         out.join("rank0.ready").exists() && out.join("rank1.ready").exists()
     });
 
-    let deadline = rfc3339(SystemTime::now() + Duration::from_secs(120));
-    imds.set_spot(Some(&format!(
-        r#"{{"action": "terminate", "time": "{deadline}"}}"#
-    )));
+    imds.spot_terminate_in(Duration::from_secs(120));
     wait(Duration::from_secs(30), "both ranks' torch.save", || {
         saved(&out, "rank0-step").len() == 1 && saved(&out, "rank1-step").len() == 1
     });
@@ -413,10 +410,7 @@ fn a_torch_process_that_handles_nothing_is_not_signalled_and_status_says_why() {
     wait(Duration::from_secs(60), "the worker", || {
         out.join("idle.ready").exists()
     });
-    let deadline = rfc3339(SystemTime::now() + Duration::from_secs(120));
-    imds.set_spot(Some(&format!(
-        r#"{{"action": "terminate", "time": "{deadline}"}}"#
-    )));
+    imds.spot_terminate_in(Duration::from_secs(120));
     let s = agent.wait_for(Duration::from_secs(10), |s| {
         !report(s)["not_signalled"].is_null()
     });

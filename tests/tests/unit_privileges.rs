@@ -6,11 +6,11 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use gpu_agent_e2e::imds::FakeImds;
 use gpu_agent_e2e::kubelet::Kubelet;
-use gpu_agent_e2e::trainer::{gpu_device, rfc3339, Trainer};
+use gpu_agent_e2e::trainer::{gpu_device, Trainer};
 use gpu_agent_e2e::{wait_until as wait, Agent, Host};
 
 /// The agent's user in this test (the package makes `gpu-agent`; any uid but root will do).
@@ -110,10 +110,7 @@ fn the_units_user_and_capabilities_signal_another_users_trainer_and_reach_the_ku
     );
     agent.wait_for_source_on(Duration::from_secs(5), "imds");
 
-    let deadline = rfc3339(SystemTime::now() + Duration::from_secs(120));
-    imds.set_spot(Some(&format!(
-        r#"{{"action": "terminate", "time": "{deadline}"}}"#
-    )));
+    imds.spot_terminate_in(Duration::from_secs(120));
     wait(
         Duration::from_secs(5),
         "SIGUSR1 at the other user's trainer",

@@ -416,7 +416,7 @@ pub async fn run(
             {
                 // Not the node's time yet; a pod that declares a longer checkpoint may be
                 // due: its own processes, and only those, are signalled now.
-                let (done, _) = record.early(&notice.id);
+                let (done, early) = record.early(&notice.id);
                 let (due, later) = declared::due_early(
                     &declarations.by_pod,
                     &declarations.gpu_pods,
@@ -426,10 +426,10 @@ pub async fn run(
                     done,
                 );
                 if !due.is_empty() {
+                    let early = early.to_vec();
                     declarations
                         .refresh(&settings, DECLARATIONS_FOR_ACTING, &reports)
                         .await;
-                    let early = record.early(&notice.id).1.to_vec();
                     let scope = Scope {
                         declared: &declarations.by_pod,
                         only_pods: Some(due.clone()),
