@@ -23,6 +23,7 @@
 
 mod ack;
 mod declared;
+mod deliver;
 mod notice_file;
 mod record;
 mod send;
@@ -43,6 +44,7 @@ use tokio::sync::{mpsc, watch};
 
 pub use crate::model::signal::{name as signal_name, parse as parse_signal};
 pub use declared::{ByPod, Declared};
+pub use deliver::signal_targets;
 pub use record::{Record, Sent, Windows};
 pub use send::{send, SendError};
 pub use targets::{scan, Candidate, Selection, OPT_IN_VAR};
@@ -174,84 +176,6 @@ fn fault_notices(snapshot: &HealthSnapshot) -> Vec<Notice> {
             source: f.source,
         })
         .collect()
-}
-
-/// Signal every target for `notice` but those in `already` (`(pid, start time)`, signalled
-/// for the notice that covers this one) (blocking: procfs scan and syscalls). Returns the
-/// processes signalled, and why each other candidate was not (`pid N (name): why`).
-pub fn signal_targets(
-    selection: &Selection,
-    notice: &Notice,
-    already: &[(i32, u64)],
-    metrics: Option<&CheckpointMetrics>,
-) -> (Vec<Candidate>, Vec<String>) {
-    let (mut signalled, mut skipped) = (Vec::new(), Vec::new());
-    for c in scan(selection) {
-        // Another pod's processes, while only some pods' declared leads are due.
-        if let Some(only) = &selection.only_pods {
-            if !c.pod_uid.as_ref().is_some_and(|uid| only.contains(uid)) {
-                continue;
-            }
-        }
-        if already.contains(&(c.pid, c.start_time)) {
-            tracing::info!(pid = c.pid, name = %c.name, trigger = %notice.kind, "Already signalled for this ending; not signalled again.");
-            continue;
-        }
-        let Some(signal) = c.signal.as_deref().and_then(parse_signal) else {
-            skipped.push(format!("pid {} ({}): {}", c.pid, c.name, c.why));
-            let reason = if c.why.contains("does not handle") {
-                "no-handler"
-            } else if c.why.contains("excluded") {
-                "excluded"
-            } else if c.why.contains("stuck in the kernel") {
-                "stuck"
-            } else {
-                "other"
-            };
-            if let Some(m) = metrics {
-                m.skipped
-                    .get_or_create(&SkipLabels {
-                        reason: reason.into(),
-                    })
-                    .inc();
-            }
-            tracing::info!(pid = c.pid, name = %c.name, trigger = %notice.kind, why = %c.why, "Not signalled.");
-            continue;
-        };
-        match send(&selection.procfs, c.pid, c.start_time, signal) {
-            Ok(()) => {
-                if let Some(m) = metrics {
-                    m.signalled
-                        .get_or_create(&KindLabels {
-                            kind: notice.kind.name().into(),
-                        })
-                        .inc();
-                }
-                tracing::warn!(
-                    pid = c.pid,
-                    name = %c.name,
-                    signal = %signal_name(signal),
-                    trigger = %notice.kind,
-                    deadline = %crate::model::time::rfc3339(notice.deadline),
-                    pod_uid = c.pod_uid.as_deref().unwrap_or("-"),
-                                        "Signalled to checkpoint."
-                );
-                signalled.push(c);
-            }
-            Err(e) => {
-                skipped.push(format!("pid {} ({}): not signalled: {e}", c.pid, c.name));
-                if let Some(m) = metrics {
-                    m.skipped
-                        .get_or_create(&SkipLabels {
-                            reason: "gone".into(),
-                        })
-                        .inc();
-                }
-                tracing::info!(pid = c.pid, name = %c.name, error = %e, "Not signalled.");
-            }
-        }
-    }
-    (signalled, skipped)
 }
 
 /// How long a read of the pods' declarations may take before the last one read (or the
@@ -386,6 +310,7 @@ pub async fn run(
         .as_ref()
         .map(|_| Instant::now() + INHERITED_NOTICE_GRACE);
     let mut declarations = Declarations::default();
+    let (late_tx, mut late_rx) = mpsc::unbounded_channel::<LateTargets>();
     if let Some(dir) = &settings.ack_dir {
         let dir = dir.clone();
         let _ = tokio::task::spawn_blocking(move || ack::prepare(&dir)).await;
@@ -434,6 +359,7 @@ pub async fn run(
                         declared: &declarations.by_pod,
                         only_pods: Some(due.clone()),
                         early: early.clone(),
+                        late: &late_tx,
                     };
                     let sent = act(
                         &settings, &metrics, &reports, &record, notice, &snapshot, scope,
@@ -461,6 +387,7 @@ pub async fn run(
                 declared: &declarations.by_pod,
                 only_pods: None,
                 early: record.early(&notice.id).1.to_vec(),
+                late: &late_tx,
             };
             let sent = act(
                 &settings, &metrics, &reports, &record, notice, &snapshot, scope,
@@ -498,6 +425,10 @@ pub async fn run(
         let sleep = next.unwrap_or(Duration::from_secs(3600));
         tokio::select! {
             changed = snapshots.changed() => if changed.is_err() { break },
+            Some(late) = late_rx.recv() => {
+                record.remember_late(&late.notice, &late.sent, &late.targets);
+                saves.send_replace(Some(record.clone()));
+            }
             () = tokio::time::sleep(sleep) => {}
             () = shutdown.wait() => break,
         }
@@ -540,6 +471,8 @@ struct Scope<'a> {
     only_pods: Option<Vec<String>>,
     /// Processes already signalled ahead of this notice (its early pods').
     early: Vec<(i32, u64)>,
+    /// Where processes signalled after the first round are told.
+    late: &'a mpsc::UnboundedSender<LateTargets>,
 }
 
 async fn act(
@@ -569,11 +502,24 @@ async fn act(
     let mut selection = settings.selection.clone();
     selection.declared = scope.declared.clone();
     selection.only_pods = scope.only_pods.clone();
-    let (n, m, skip) = (notice.clone(), metrics.clone(), already.clone());
-    let (targets, not_signalled) =
-        tokio::task::spawn_blocking(move || signal_targets(&selection, &n, &skip, Some(&m)))
+    let (n, m, skip, sel) = (
+        notice.clone(),
+        metrics.clone(),
+        already.clone(),
+        selection.clone(),
+    );
+    let first =
+        tokio::task::spawn_blocking(move || deliver::Delivery::start(&sel, &n, &skip, Some(&m)))
             .await
-            .unwrap_or_default();
+            .ok();
+    let (delivery, first) = match first {
+        Some((delivery, round)) => (Some(delivery), round),
+        None => (None, deliver::Round::default()),
+    };
+    let targets = first.signalled;
+    let waiting: Vec<i32> = first.waiting.iter().map(|(pid, _)| *pid).collect();
+    let mut not_signalled = first.skipped;
+    not_signalled.extend(first.waiting.into_iter().map(|(_, line)| line));
     let signalled = u32::try_from(targets.len()).unwrap_or(u32::MAX);
     let skipped = u32::try_from(not_signalled.len()).unwrap_or(u32::MAX);
     let new: Vec<(i32, u64)> = targets.iter().map(|c| (c.pid, c.start_time)).collect();
@@ -621,18 +567,24 @@ async fn act(
     let to_deadline = notice.deadline.duration_since(now).unwrap_or_default();
     let watched: Vec<settle::Watched> = targets
         .iter()
-        .map(|c| settle::Watched {
-            pid: c.pid,
-            start_time: c.start_time,
-            ack: settings.ack_dir.as_ref().map(|dir| ack::AckFile {
-                procfs: settings.selection.procfs.clone(),
-                pid: c.pid,
-                start_time: c.start_time,
-                dir: dir.clone(),
-                ns_pid: c.ns_pid,
-            }),
-        })
+        .map(|c| watched(c, &settings.selection.procfs, settings.ack_dir.as_ref()))
         .collect();
+    // Processes whose files did not answer are looked at again in the background; those
+    // signalled then join the watch and the record.
+    let late = delivery.filter(|d| d.next().is_some()).map(|delivery| {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(later_rounds(
+            delivery,
+            selection,
+            notice.clone(),
+            metrics.clone(),
+            settings.ack_dir.clone(),
+            tx,
+            scope.late.clone(),
+            (sent.id.clone(), waiting),
+        ));
+        rx
+    });
     let watch = settle::watch(
         report,
         watched,
@@ -642,6 +594,7 @@ async fn act(
         },
         settings.selection.procfs.clone(),
         reports.clone(),
+        late,
     );
     let kind = notice.kind.name().to_string();
     let metrics = metrics.clone();
@@ -700,6 +653,93 @@ async fn act(
         });
     }
     sent
+}
+
+/// A signalled process to watch confirm.
+fn watched(c: &Candidate, procfs: &std::path::Path, ack_dir: Option<&PathBuf>) -> settle::Watched {
+    settle::Watched {
+        pid: c.pid,
+        start_time: c.start_time,
+        ack: ack_dir.map(|dir| ack::AckFile {
+            procfs: procfs.to_path_buf(),
+            pid: c.pid,
+            start_time: c.start_time,
+            dir: dir.clone(),
+            ns_pid: c.ns_pid,
+        }),
+    }
+}
+
+/// Processes signalled after the first round of a notice: the record (notice id, id of the
+/// signalling they belong to) learns them, so a covering notice does not signal them again.
+#[derive(Debug)]
+struct LateTargets {
+    notice: String,
+    sent: String,
+    targets: Vec<(i32, u64)>,
+}
+
+/// The rounds after the first, at [`deliver::RESCANS`]: each one's news goes to the watch
+/// (new targets, decided processes) and its targets to the record.
+#[allow(clippy::too_many_arguments)]
+async fn later_rounds(
+    mut delivery: deliver::Delivery,
+    selection: Selection,
+    notice: Notice,
+    metrics: CheckpointMetrics,
+    ack_dir: Option<PathBuf>,
+    watch: mpsc::UnboundedSender<settle::Late>,
+    record: mpsc::UnboundedSender<LateTargets>,
+    (sent, mut waiting): (String, Vec<i32>),
+) {
+    let started = Instant::now();
+    while let Some(at) = delivery.next() {
+        tokio::time::sleep(at.saturating_sub(started.elapsed())).await;
+        let (sel, n, m) = (selection.clone(), notice.clone(), metrics.clone());
+        let Ok((back, round)) = tokio::task::spawn_blocking(move || {
+            let round = delivery.again(&sel, &n, Some(&m));
+            (delivery, round)
+        })
+        .await
+        else {
+            return;
+        };
+        delivery = back;
+        let now_waiting: Vec<i32> = round.waiting.iter().map(|(pid, _)| *pid).collect();
+        let mut resolved: Vec<i32> = round.signalled.iter().map(|c| c.pid).collect();
+        resolved.extend(
+            waiting
+                .iter()
+                .copied()
+                .filter(|pid| !now_waiting.contains(pid)),
+        );
+        waiting = now_waiting;
+        let targets: Vec<(i32, u64)> = round
+            .signalled
+            .iter()
+            .map(|c| (c.pid, c.start_time))
+            .collect();
+        if !targets.is_empty() {
+            tracing::warn!(id = %notice.id, signalled = targets.len(), "Checkpoint signal sent to processes whose files answered late.");
+            let _ = record.send(LateTargets {
+                notice: notice.id.clone(),
+                sent: sent.clone(),
+                targets,
+            });
+        }
+        let late = settle::Late {
+            watched: round
+                .signalled
+                .iter()
+                .map(|c| watched(c, &selection.procfs, ack_dir.as_ref()))
+                .collect(),
+            resolved,
+            skipped: round.skipped,
+        };
+        if watch.send(late).is_err() {
+            return;
+        }
+    }
 }
 
 /// Keep `path` in line with the earliest ending acted on (absent when there is none; one an

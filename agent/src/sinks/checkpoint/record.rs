@@ -133,6 +133,24 @@ impl Record {
             .map_or((&[], &[]), |e| (e.pods.as_slice(), e.targets.as_slice()))
     }
 
+    /// Remember `targets`, signalled for notice `id` after its first round (their files
+    /// answered late): with its early pods' while the notice waits for the node's time, else
+    /// with the signalling `sent` (its own or the one covering it).
+    pub fn remember_late(&mut self, id: &str, sent: &str, targets: &[(i32, u64)]) {
+        if !self.done(id) {
+            self.remember_early(id, &[], targets);
+            return;
+        }
+        for last in [&mut self.last_ending, &mut self.last_fatal]
+            .into_iter()
+            .flatten()
+        {
+            if last.id == sent {
+                last.targets.extend(targets.iter().copied());
+            }
+        }
+    }
+
     /// Remember that `pods` of notice `id` were signalled ahead (`targets`).
     pub fn remember_early(&mut self, id: &str, pods: &[String], targets: &[(i32, u64)]) {
         let at = match self.early.iter().position(|e| e.notice == id) {

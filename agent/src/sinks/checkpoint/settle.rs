@@ -34,6 +34,18 @@ pub struct Watched {
     pub ack: Option<ack::AckFile>,
 }
 
+/// News from a later round of the signalling: processes signalled now, and those decided
+/// that waited before.
+#[derive(Debug, Clone, Default)]
+pub struct Late {
+    /// Signalled in that round: watched from now on.
+    pub watched: Vec<Watched>,
+    /// PIDs no longer waiting (signalled or skipped now).
+    pub resolved: Vec<i32>,
+    /// Why each process decided in that round was not signalled.
+    pub skipped: Vec<String>,
+}
+
 /// How long to watch.
 #[derive(Debug, Clone, Copy)]
 pub struct Until {
@@ -89,13 +101,16 @@ fn look(
 }
 
 /// Report `base` as the `targets` confirm (ack or exit), until all have or `until.confirm`
-/// passes; `settled` once all exited or `until.hold` passed. Returns the last report.
+/// passes; `settled` once all exited or `until.hold` passed. While `late` is open, later
+/// rounds of the signalling may add targets: nothing is settled or done before it closes.
+/// Returns the last report.
 pub async fn watch(
     mut base: CheckpointReport,
-    targets: Vec<Watched>,
+    mut targets: Vec<Watched>,
     until: Until,
     procfs: PathBuf,
     reports: mpsc::Sender<Observation>,
+    mut late: Option<mpsc::UnboundedReceiver<Late>>,
 ) -> CheckpointReport {
     let since = base.signalled_at.unwrap_or_else(SystemTime::now);
     let mut reader = Some(ProcReader::new(DEFAULT_DEADLINE));
@@ -103,6 +118,31 @@ pub async fn watch(
     // Confirmations stand once made: the previous look's are carried, never re-read.
     let mut before: Vec<(i32, String)> = Vec::new();
     loop {
+        let mut news = false;
+        while let Some(rx) = late.as_mut() {
+            match rx.try_recv() {
+                Ok(l) => {
+                    news = true;
+                    base.not_signalled.retain(|line| {
+                        !l.resolved
+                            .iter()
+                            .any(|pid| line.starts_with(&format!("pid {pid} (")))
+                    });
+                    base.not_signalled.extend(l.skipped);
+                    base.signalled = base
+                        .signalled
+                        .saturating_add(u32::try_from(l.watched.len()).unwrap_or(u32::MAX));
+                    targets.extend(l.watched);
+                    base.skipped = u32::try_from(base.not_signalled.len()).unwrap_or(u32::MAX);
+                }
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    news = true;
+                    late = None;
+                }
+            }
+        }
+        let more_to_come = late.is_some();
         // Off the runtime thread: the reads are bounded, but each may wait its deadline.
         let (t, p, r, b) = (
             targets.clone(),
@@ -131,15 +171,16 @@ pub async fn watch(
         }
         let now = Instant::now();
         let all = now_look.confirmed.len() == targets.len();
-        let settled = now_look.running.is_empty() || now >= until.hold;
-        let done = all || now >= until.confirm;
+        let settled = (now_look.running.is_empty() && !more_to_come) || now >= until.hold;
+        let done = (all && !more_to_come) || now >= until.confirm;
         let confirmed = u32::try_from(now_look.confirmed.len()).unwrap_or(u32::MAX);
         let waiting_for = if settled {
             Vec::new()
         } else {
             now_look.running.clone()
         };
-        let changed = waiting_for != base.waiting_for
+        let changed = news
+            || waiting_for != base.waiting_for
             || settled != base.settled
             || confirmed != base.confirmed
             || done;

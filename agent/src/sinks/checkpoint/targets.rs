@@ -103,9 +103,14 @@ pub struct Candidate {
     /// It holds a GPU device file itself (not only opted in).
     #[serde(skip)]
     pub holds_gpu: bool,
-    /// A digest of its command line and environment: a forked copy has its parent's.
+    /// Its memory layout's digest ([`Stat::image`]; else of its command line and
+    /// environment): a forked copy has its parent's. 0: not known.
     #[serde(skip)]
     pub image: u64,
+    /// A file that decides its verdict did not answer: it is looked at again (its `why` is
+    /// the verdict should it never answer).
+    #[serde(skip)]
+    pub waiting: bool,
 }
 
 /// What a scan needs.
@@ -147,6 +152,12 @@ pub struct Stat {
     pub start_time: u64,
     /// Exited, waiting for its parent to reap it (state `Z` or `X`).
     pub zombie: bool,
+    /// Where its arguments and environment lie in its memory (fields 48-51: `arg_start`,
+    /// `arg_end`, `env_start`, `env_end`), digested: a forked copy shares them with its
+    /// parent (a rewritten argv included), a process that exec'd has its own. `None` where
+    /// the kernel shows zeros (no ptrace access to it) or an older kernel shows none. Read
+    /// without the process's memory-map lock, unlike `cmdline` and `environ`.
+    pub image: Option<u64>,
 }
 
 /// `/proc/PID/stat`, parsed (comm may hold spaces and parentheses).
@@ -160,11 +171,22 @@ pub(super) fn parse_stat(text: &str) -> Option<Stat> {
     let close = text.rfind(')')?;
     let fields: Vec<&str> = text[close + 1..].split_whitespace().collect();
     // After the comm: state(0) ppid(1) ... starttime is field 22 overall, index 19 here.
+    // Fields 48-51 overall, indices 45-48 here.
+    let layout: Option<Vec<u64>> = (45..49)
+        .map(|i| fields.get(i).and_then(|f| f.parse().ok()))
+        .collect();
+    let image = layout.filter(|l| l.iter().any(|a| *a != 0)).map(|l| {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        l.hash(&mut h);
+        h.finish()
+    });
     Some(Stat {
         comm: text[open + 1..close].to_string(),
         ppid: fields.get(1)?.parse().ok()?,
         start_time: fields.get(19)?.parse().ok()?,
         zombie: matches!(fields.first(), Some(&"Z" | &"X")),
+        image,
     })
 }
 
@@ -276,21 +298,92 @@ fn launcher(cmdline: &[String]) -> Option<&'static str> {
     None
 }
 
-/// Consider every process; returns those holding a GPU or opted in, and those whose files
-/// did not answer in time (others are not listed).
+/// Consider every process once; returns those holding a GPU or opted in, and those whose
+/// files did not answer in time, listed as skipped (others are not listed). A notice's
+/// signalling uses [`Scan`], which looks at those again before it gives up on them.
 pub fn scan(sel: &Selection) -> Vec<Candidate> {
-    let mut reader = ProcReader::new(sel.read_deadline);
-    let mut out = consider(sel, &mut reader);
-    only_topmost(sel, &mut reader, &mut out);
-    out
+    Scan::new(sel).decide(true)
+}
+
+/// One scan of the processes, kept so that those whose files did not answer can be looked
+/// at again: a trainer whose `cmdline` waits on its memory-map lock (a thread in direct
+/// reclaim) answers a second later and is signalled then, not skipped for the notice.
+#[derive(Debug)]
+pub struct Scan {
+    sel: Selection,
+    reader: ProcReader,
+    /// Every process listed, in PID order, its own verdict (before the rules that relate
+    /// processes to each other).
+    found: Vec<Candidate>,
+}
+
+impl Scan {
+    /// Look at every process once.
+    pub fn new(sel: &Selection) -> Self {
+        let mut reader = ProcReader::new(sel.read_deadline);
+        let pids = std::fs::read_dir(&sel.procfs)
+            .map(|entries| {
+                let mut pids: Vec<i32> = entries
+                    .flatten()
+                    .filter_map(|e| e.file_name().to_string_lossy().parse().ok())
+                    .collect();
+                pids.sort_unstable();
+                pids
+            })
+            .unwrap_or_default();
+        let found = pids
+            .into_iter()
+            .filter_map(|pid| consider(sel, &mut reader, pid))
+            .collect();
+        Self {
+            sel: sel.clone(),
+            reader,
+            found,
+        }
+    }
+
+    /// Whether a process's files did not answer (it is looked at again by [`Self::again`]).
+    pub fn waiting(&self) -> bool {
+        self.found.iter().any(|c| c.waiting)
+    }
+
+    /// Look again at the processes whose files did not answer.
+    pub fn again(&mut self) {
+        let (sel, reader) = (&self.sel, &mut self.reader);
+        let mut kept = Vec::with_capacity(self.found.len());
+        for c in std::mem::take(&mut self.found) {
+            if c.waiting {
+                kept.extend(consider(sel, reader, c.pid));
+            } else {
+                kept.push(c);
+            }
+        }
+        self.found = kept;
+    }
+
+    /// Every process listed, the rules that relate them applied: a process whose verdict
+    /// depends on one still waiting (a supervisor of it, a forked copy's parent) waits too.
+    /// `last`: nothing waits any more; a process whose files did not answer is skipped.
+    pub fn decide(&mut self, last: bool) -> Vec<Candidate> {
+        let mut out = self.found.clone();
+        if last {
+            for c in &mut out {
+                c.waiting = false;
+            }
+        }
+        only_topmost(&self.sel, &mut self.reader, &mut out);
+        out
+    }
 }
 
 /// Supervisors and forked copies are not targets. A target that only opted in (holds no GPU
-/// itself) with a candidate below it is a supervisor (`timeout`, a shell, an init that
+/// itself) with a target below it is a supervisor (`timeout`, a shell, an init that
 /// inherited the opt-in): it would forward or die, so what runs below it is signalled. A
-/// target below another target with the same command line and environment is a forked copy
-/// of it (a DataLoader worker): the one above checkpoints for it. A child that exec'd its own
-/// program (a rank started by its rank 0) stays a target.
+/// target below another target with the same memory layout of its arguments and
+/// environment is a forked copy of it (a DataLoader worker, one that renamed itself
+/// included): the one above checkpoints for it. A child that exec'd its own program (a rank
+/// started by its rank 0) stays a target. A process whose answer depends on one still
+/// waiting waits with it.
 fn only_topmost(sel: &Selection, reader: &mut ProcReader, candidates: &mut [Candidate]) {
     let ancestors = |reader: &mut ProcReader, c: &Candidate| {
         let mut chain = Vec::new();
@@ -316,25 +409,44 @@ fn only_topmost(sel: &Selection, reader: &mut ProcReader, candidates: &mut [Cand
         chain
     };
     let chains: Vec<Vec<i32>> = candidates.iter().map(|c| ancestors(reader, c)).collect();
-    let supervisors: Vec<i32> = candidates
+    // Who is below `pid`: a would-be target, or one still waiting.
+    let below = |pid: i32, what: &dyn Fn(&Candidate) -> bool| {
+        candidates
+            .iter()
+            .zip(&chains)
+            .any(|(c, chain)| chain.contains(&pid) && what(c))
+    };
+    let mut supervisors = Vec::new();
+    let mut waits_below = Vec::new();
+    for c in candidates
         .iter()
         .filter(|c| c.signal.is_some() && !c.holds_gpu)
-        .filter(|c| chains.iter().any(|chain| chain.contains(&c.pid)))
-        .map(|c| c.pid)
-        .collect();
+    {
+        if below(c.pid, &|d| d.signal.is_some() && !d.waiting) {
+            supervisors.push(c.pid);
+        } else if below(c.pid, &|d| d.waiting) {
+            waits_below.push(c.pid);
+        }
+    }
     let targets: Vec<(i32, String, u64)> = candidates
         .iter()
-        .filter(|c| c.signal.is_some() && !supervisors.contains(&c.pid))
+        .filter(|c| c.signal.is_some() && !c.waiting && !supervisors.contains(&c.pid))
         .map(|c| (c.pid, c.name.clone(), c.image))
         .collect();
+    // Still waiting, with their layout (0: not known).
+    let waiting: Vec<(i32, u64)> = candidates
+        .iter()
+        .filter(|c| c.waiting)
+        .map(|c| (c.pid, c.image))
+        .collect();
     for (c, chain) in candidates.iter_mut().zip(&chains) {
-        if c.signal.is_none() {
+        if c.signal.is_none() || c.waiting {
             continue;
         }
         if supervisors.contains(&c.pid) {
-            c.why = "skipped: supervises other candidates and holds no GPU itself (a \
-                     `timeout`, shell or init forwards a signal or dies of it): the processes \
-                     below it are signalled"
+            c.why = "skipped: supervises other targets and holds no GPU itself (a `timeout`, \
+                     shell or init forwards a signal or dies of it): the processes below it \
+                     are signalled"
                 .into();
             c.signal = None;
             continue;
@@ -350,57 +462,67 @@ fn only_topmost(sel: &Selection, reader: &mut ProcReader, candidates: &mut [Cand
                  (forked workers inherit the GPU files and the handler)"
             );
             c.signal = None;
+            continue;
+        }
+        let waits_on = chain.iter().find(|up| {
+            waiting
+                .iter()
+                .any(|(pid, image)| pid == *up && (*image == 0 || *image == c.image))
+        });
+        if let Some(pid) = waits_on.or(waits_below.iter().find(|p| **p == c.pid)) {
+            c.waiting = true;
+            c.why = format!(
+                "waits for process {pid}, whose files did not answer: whether this one is \
+                 signalled depends on it"
+            );
         }
     }
 }
 
-fn consider(sel: &Selection, reader: &mut ProcReader) -> Vec<Candidate> {
-    let Ok(entries) = std::fs::read_dir(&sel.procfs) else {
-        return Vec::new();
-    };
-    let mut pids: Vec<i32> = entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_string_lossy().parse().ok())
-        .collect();
-    pids.sort_unstable();
-    let mut out = Vec::new();
-    for pid in pids {
-        let mut known = None;
-        match consider_one(sel, reader, pid, &mut known) {
-            Ok(Some(candidate)) => out.push(candidate),
-            Ok(None) => {}
-            Err(stuck) => {
-                let stat = known.unwrap_or(Stat {
-                    comm: "?".into(),
-                    ppid: 0,
-                    start_time: 0,
-                    zombie: false,
-                });
-                tracing::warn!(pid, name = %stat.comm, error = %stuck, "Process skipped: its procfs files do not answer.");
-                out.push(Candidate {
-                    pid,
-                    ppid: stat.ppid,
-                    start_time: stat.start_time,
-                    name: stat.comm,
-                    signal: None,
-                    why: format!(
-                        "skipped: stuck in the kernel: {stuck}; a process that cannot run \
-                         cannot checkpoint"
-                    ),
-                    pod_uid: None,
-                    container_id: None,
-                    ns_pid: pid,
-                    holds_gpu: false,
-                    image: 0,
-                });
-            }
+/// One process: `None` when it neither holds a GPU nor opted in; listed as waiting (its
+/// verdict "stuck in the kernel") when a file that decides did not answer.
+fn consider(sel: &Selection, reader: &mut ProcReader, pid: i32) -> Option<Candidate> {
+    let mut known = None;
+    match consider_one(sel, reader, pid, &mut known) {
+        Ok(candidate) => candidate,
+        Err(stuck) => {
+            let stat = known.unwrap_or(Stat {
+                comm: "?".into(),
+                ppid: 0,
+                start_time: 0,
+                zombie: false,
+                image: None,
+            });
+            tracing::info!(pid, name = %stat.comm, error = %stuck, "A process's procfs files do not answer; it is looked at again.");
+            Some(Candidate {
+                pid,
+                ppid: stat.ppid,
+                start_time: stat.start_time,
+                name: stat.comm,
+                signal: None,
+                why: format!(
+                    "skipped: stuck in the kernel: {stuck}; a process that cannot run \
+                     cannot checkpoint"
+                ),
+                pod_uid: None,
+                container_id: None,
+                ns_pid: pid,
+                holds_gpu: false,
+                image: stat.image.unwrap_or(0),
+                waiting: true,
+            })
         }
     }
-    out
 }
 
 /// One process: `None` when it neither holds a GPU nor opted in. `known` gets its stat as
-/// soon as that is read, so a process stuck later is still named.
+/// soon as that is read, so a process stuck later is still named. What qualifies a process
+/// is read first, without its memory-map lock (`stat`, `fd`, `status`, `exe`); `environ`
+/// only where it can matter (a GPU holder, or one that catches a signal, while opt-in is
+/// honoured); `cmdline` and `cgroup` only for a candidate. A `cgroup` read that does not
+/// answer (6.1 kernels take the global cgroup mutex, which a node drain's container
+/// teardown holds) costs only the pod's name, unless a pod's declaration could change the
+/// verdict.
 fn consider_one(
     sel: &Selection,
     reader: &mut ProcReader,
@@ -421,15 +543,22 @@ fn consider_one(
         comm: name,
         ppid,
         start_time,
+        image: layout,
         ..
     } = stat;
-    // Cheap, lock-free reads first: a process without a GPU file is not read further
-    // (unless opt-in environments are honoured: then its environment is read too).
     let device = reader
         .links_in(&dir.join("fd"))?
         .unwrap_or_default()
         .into_iter()
         .find(|target| sel.device_glob.matches_path(target));
+    let status = reader.read_text(&dir.join("status"))?.unwrap_or_default();
+    let mask = sigcgt_in(&status);
+    let catches_some = mask
+        .as_deref()
+        .is_some_and(|m| m.chars().any(|c| c.is_ascii_hexdigit() && c != '0'));
+    if device.is_none() && !(sel.opt_in_env && catches_some) {
+        return Ok(None);
+    }
     let environ = if sel.opt_in_env {
         reader.read(&dir.join("environ"))?.unwrap_or_default()
     } else {
@@ -445,18 +574,22 @@ fn consider_one(
     if opt_in.is_none() && device.is_none() {
         return Ok(None);
     }
-    let environ = if environ.is_empty() {
-        reader.read(&dir.join("environ"))?.unwrap_or_default()
-    } else {
-        environ
-    };
     let raw_cmdline = reader.read(&dir.join("cmdline"))?.unwrap_or_default();
-    let image = {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        raw_cmdline.hash(&mut h);
-        environ.hash(&mut h);
-        h.finish()
+    let image = match layout {
+        Some(layout) => layout,
+        None => {
+            // No layout shown: the command line and environment, digested, stand in.
+            let environ = if environ.is_empty() {
+                reader.read(&dir.join("environ"))?.unwrap_or_default()
+            } else {
+                environ
+            };
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            raw_cmdline.hash(&mut h);
+            environ.hash(&mut h);
+            h.finish()
+        }
     };
     let cmdline: Vec<String> = raw_cmdline
         .split(|b| *b == 0)
@@ -473,13 +606,22 @@ fn consider_one(
         why: String::new(),
         pod_uid: None,
         container_id: None,
-        ns_pid: pid,
+        ns_pid: ns_pid_in(&status).unwrap_or(pid),
         holds_gpu: device.is_some(),
         image,
+        waiting: false,
     };
-    if let Some(cgroup) = reader.read_text(&dir.join("cgroup"))? {
-        candidate.pod_uid = pod_uid(&cgroup);
-        candidate.container_id = candidate.pod_uid.as_ref().and(container_id(&cgroup));
+    let pods_matter = !sel.declared.is_empty() || sel.only_pods.is_some();
+    match reader.read_text(&dir.join("cgroup")) {
+        Ok(Some(cgroup)) => {
+            candidate.pod_uid = pod_uid(&cgroup);
+            candidate.container_id = candidate.pod_uid.as_ref().and(container_id(&cgroup));
+        }
+        Ok(None) => {}
+        Err(stuck) if pods_matter => return Err(stuck),
+        Err(stuck) => {
+            tracing::info!(pid, %name, error = %stuck, "A process's cgroup does not answer; its pod is not named.");
+        }
     }
     let names = [Some(name.as_str()), exe.as_deref()];
     let excluded = names
@@ -534,9 +676,6 @@ fn consider_one(
             (None, None, Some(held)) => held,
             (None, None, None) => String::new(),
         };
-        let status = reader.read_text(&dir.join("status"))?.unwrap_or_default();
-        candidate.ns_pid = ns_pid_in(&status).unwrap_or(pid);
-        let mask = sigcgt_in(&status);
         let asked = declared.is_some() || opt_in.is_some();
         if !asked && mask.as_deref().is_some_and(signals::catches_everything) {
             format!(
@@ -739,6 +878,113 @@ mod tests {
             .as_deref(),
             Some(id.as_str())
         );
+    }
+
+    /// Writes `pid`'s stat with a memory layout (fields 48-51) of `layout`.
+    fn with_layout(dir: &Path, pid: i32, ppid: i32, comm: &str, layout: u64) {
+        let mut fields = vec!["0".to_string(); 49];
+        fields[0] = "S".into();
+        fields[1] = ppid.to_string();
+        fields[19] = "4242".into();
+        for f in &mut fields[45..49] {
+            *f = layout.to_string();
+        }
+        std::fs::write(
+            dir.join(pid.to_string()).join("stat"),
+            format!("{pid} ({comm}) {}", fields.join(" ")),
+        )
+        .expect("stat");
+    }
+
+    /// Issue 26 (L4): a DataLoader worker that renamed itself (setproctitle rewrites argv
+    /// in place) is still a forked copy: it shares its parent's memory layout. A rank that
+    /// exec'd the same command line has its own layout and stays a target.
+    #[test]
+    fn a_forked_copy_is_known_by_its_memory_layout_not_its_words() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let proc_ = |pid, ppid, cmdline: &'static [&'static str]| Proc {
+            pid,
+            ppid,
+            comm: "python3",
+            cmdline,
+            exe: "/usr/bin/python3.11",
+            gpu: true,
+            env: "",
+        };
+        fake(dir.path(), &proc_(600, 1, &["python3", "train.py"]));
+        fake(dir.path(), &proc_(601, 600, &["pt_data_worker"]));
+        fake(dir.path(), &proc_(602, 600, &["python3", "train.py"]));
+        with_layout(dir.path(), 600, 1, "python3", 1000);
+        with_layout(dir.path(), 601, 600, "pt_data_worker", 1000);
+        with_layout(dir.path(), 602, 600, "python3", 2000);
+        let found = scan(&sel(dir.path(), declared::ByPod::new()));
+        assert_eq!(outcome(&found, 600).0.as_deref(), Some("SIGUSR1"));
+        let (signal, why) = outcome(&found, 601);
+        assert!(
+            signal.is_none() && why.contains("forked copy of target 600"),
+            "{why}"
+        );
+        assert_eq!(outcome(&found, 602).0.as_deref(), Some("SIGUSR1"));
+    }
+
+    /// Issue 26 (M1): a trainer whose `cmdline` does not answer in time (its memory-map lock
+    /// held in direct reclaim) waits, and so does its forked copy; once the read answers, a
+    /// second look makes it a target and its copy is skipped. Only after the last look is a
+    /// process that never answers skipped as stuck.
+    #[test]
+    fn a_slow_read_waits_for_the_next_look_not_the_next_notice() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let proc_ = |pid, ppid| Proc {
+            pid,
+            ppid,
+            comm: "python3",
+            cmdline: &["python3", "train.py"],
+            exe: "/usr/bin/python3.11",
+            gpu: true,
+            env: "",
+        };
+        fake(dir.path(), &proc_(700, 1));
+        fake(dir.path(), &proc_(701, 700));
+        with_layout(dir.path(), 700, 1, "python3", 7);
+        with_layout(dir.path(), 701, 700, "python3", 7);
+        let cmdline = dir.path().join("700/cmdline");
+        std::fs::remove_file(&cmdline).expect("rm");
+        crate::host::proc_read::fifo(&cmdline);
+        let mut scan = Scan::new(&sel(dir.path(), declared::ByPod::new()));
+        assert!(scan.waiting());
+        let first = scan.decide(false);
+        let c = |found: &[Candidate], pid: i32| {
+            found
+                .iter()
+                .find(|c| c.pid == pid)
+                .cloned()
+                .expect("listed")
+        };
+        assert!(c(&first, 700).waiting && c(&first, 700).signal.is_none());
+        let copy = c(&first, 701);
+        assert!(
+            copy.waiting && copy.why.contains("waits for process 700"),
+            "{}",
+            copy.why
+        );
+        // The read answers (a writer comes: the stuck reader may close the pipe before the
+        // write ends, so its result is not asked); the next look sees a plain file.
+        let fifo = cmdline.clone();
+        let _ = std::thread::spawn(move || std::fs::write(fifo, b"python3\0train.py")).join();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            std::fs::remove_file(&cmdline).ok();
+            std::fs::write(&cmdline, "python3\0train.py").expect("cmdline");
+            scan.again();
+            if !scan.waiting() || std::time::Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let second = scan.decide(false);
+        assert_eq!(c(&second, 700).signal.as_deref(), Some("SIGUSR1"));
+        let copy = c(&second, 701);
+        assert!(copy.signal.is_none() && copy.why.contains("forked copy of target 700"));
     }
 
     /// Issue 22: a process in D state blocked the scan (its `environ` read never returned),
