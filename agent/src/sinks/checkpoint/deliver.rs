@@ -30,7 +30,6 @@ pub struct Round {
 #[derive(Debug)]
 pub struct Delivery {
     scan: Scan,
-    only_pods: Option<Vec<String>>,
     /// Processes signalled for the notice that covers this one (`(pid, start time)`).
     already: Vec<(i32, u64)>,
     /// Processes decided (signalled, skipped or found already signalled) in a round.
@@ -50,12 +49,11 @@ impl Delivery {
     ) -> (Self, Round) {
         let mut delivery = Self {
             scan: Scan::new(selection),
-            only_pods: selection.only_pods.clone(),
             already: already.to_vec(),
             decided: HashSet::new(),
             rescans: 0,
         };
-        let round = delivery.round(selection, notice, metrics);
+        let round = delivery.round(notice, metrics);
         (delivery, round)
     }
 
@@ -69,28 +67,20 @@ impl Delivery {
 
     /// The next round: the waiting processes looked at again, those that now qualify
     /// signalled (after the last round nothing waits). Blocking.
-    pub fn again(
-        &mut self,
-        selection: &Selection,
-        notice: &Notice,
-        metrics: Option<&CheckpointMetrics>,
-    ) -> Round {
+    pub fn again(&mut self, notice: &Notice, metrics: Option<&CheckpointMetrics>) -> Round {
         self.rescans += 1;
         self.scan.again();
-        self.round(selection, notice, metrics)
+        self.round(notice, metrics)
     }
 
-    fn round(
-        &mut self,
-        selection: &Selection,
-        notice: &Notice,
-        metrics: Option<&CheckpointMetrics>,
-    ) -> Round {
+    fn round(&mut self, notice: &Notice, metrics: Option<&CheckpointMetrics>) -> Round {
         let last = self.rescans >= RESCANS.len();
         let mut round = Round::default();
-        for c in self.scan.decide(last) {
+        let decided = self.scan.decide(last);
+        let selection = self.scan.selection();
+        for c in decided {
             // Another pod's processes, while only some pods' declared leads are due.
-            if let Some(only) = &self.only_pods {
+            if let Some(only) = &selection.only_pods {
                 if !c.pod_uid.as_ref().is_some_and(|uid| only.contains(uid)) {
                     continue;
                 }
@@ -191,7 +181,7 @@ pub fn signal_targets(
         skipped.append(&mut round.skipped);
         let Some(at) = delivery.next() else { break };
         std::thread::sleep(at.saturating_sub(started.elapsed()));
-        round = delivery.again(selection, notice, metrics);
+        round = delivery.again(notice, metrics);
     }
     (signalled, skipped)
 }

@@ -502,16 +502,12 @@ async fn act(
     let mut selection = settings.selection.clone();
     selection.declared = scope.declared.clone();
     selection.only_pods = scope.only_pods.clone();
-    let (n, m, skip, sel) = (
-        notice.clone(),
-        metrics.clone(),
-        already.clone(),
-        selection.clone(),
-    );
-    let first =
-        tokio::task::spawn_blocking(move || deliver::Delivery::start(&sel, &n, &skip, Some(&m)))
-            .await
-            .ok();
+    let (n, m, skip) = (notice.clone(), metrics.clone(), already.clone());
+    let first = tokio::task::spawn_blocking(move || {
+        deliver::Delivery::start(&selection, &n, &skip, Some(&m))
+    })
+    .await
+    .ok();
     let (delivery, first) = match first {
         Some((delivery, round)) => (Some(delivery), round),
         None => (None, deliver::Round::default()),
@@ -575,7 +571,7 @@ async fn act(
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(later_rounds(
             delivery,
-            selection,
+            settings.selection.procfs.clone(),
             notice.clone(),
             metrics.clone(),
             settings.ack_dir.clone(),
@@ -684,7 +680,7 @@ struct LateTargets {
 #[allow(clippy::too_many_arguments)]
 async fn later_rounds(
     mut delivery: deliver::Delivery,
-    selection: Selection,
+    procfs: PathBuf,
     notice: Notice,
     metrics: CheckpointMetrics,
     ack_dir: Option<PathBuf>,
@@ -695,9 +691,9 @@ async fn later_rounds(
     let started = Instant::now();
     while let Some(at) = delivery.next() {
         tokio::time::sleep(at.saturating_sub(started.elapsed())).await;
-        let (sel, n, m) = (selection.clone(), notice.clone(), metrics.clone());
+        let (n, m) = (notice.clone(), metrics.clone());
         let Ok((back, round)) = tokio::task::spawn_blocking(move || {
-            let round = delivery.again(&sel, &n, Some(&m));
+            let round = delivery.again(&n, Some(&m));
             (delivery, round)
         })
         .await
@@ -731,7 +727,7 @@ async fn later_rounds(
             watched: round
                 .signalled
                 .iter()
-                .map(|c| watched(c, &selection.procfs, ack_dir.as_ref()))
+                .map(|c| watched(c, &procfs, ack_dir.as_ref()))
                 .collect(),
             resolved,
             skipped: round.skipped,

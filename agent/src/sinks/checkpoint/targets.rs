@@ -342,6 +342,11 @@ impl Scan {
         }
     }
 
+    /// What it scans for.
+    pub fn selection(&self) -> &Selection {
+        &self.sel
+    }
+
     /// Whether a process's files did not answer (it is looked at again by [`Self::again`]).
     pub fn waiting(&self) -> bool {
         self.found.iter().any(|c| c.waiting)
