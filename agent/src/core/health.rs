@@ -50,6 +50,9 @@ pub struct HealthModel {
     declared_lead: Option<crate::model::DeclaredLead>,
     /// The latest occurrence of each fault: who reported it and what it said.
     occurrences: HashMap<Key, Occurrence>,
+    /// Which GPU (UUID, else serial) NVML last saw in each slot, this boot or an earlier one:
+    /// history stays with the hardware, not the slot.
+    hardware: BTreeMap<String, String>,
 }
 
 /// The latest occurrence of a fault, as first one path and then maybe the other saw it.
@@ -155,6 +158,11 @@ fn slot(pci: PciAddress) -> (u32, u8, u8) {
     (pci.domain, pci.bus, pci.device)
 }
 
+/// A slot as the state file names it (`0000:18:00`).
+fn slot_name(pci: PciAddress) -> String {
+    format!("{:04x}:{:02x}:{:02x}", pci.domain, pci.bus, pci.device)
+}
+
 impl HealthModel {
     /// An empty model for this boot.
     pub fn new(
@@ -185,6 +193,7 @@ impl HealthModel {
             leads: HashMap::new(),
             declared_lead: None,
             occurrences: HashMap::new(),
+            hardware: BTreeMap::new(),
         }
     }
 
@@ -290,6 +299,64 @@ impl HealthModel {
         cleared
     }
 
+    /// Note which GPU NVML sees in each slot. Where a slot holds another GPU than it did (an
+    /// EC2 stop/start onto new hardware, a GPU swapped in repair), what earlier boots learnt
+    /// of the old one goes: its faults kept across the reboot (a `replace`) and its boot
+    /// sightings. What this boot saw in that slot is the new GPU's and stays. Returns whether
+    /// a fault went.
+    fn follow_hardware(&mut self, gpus: &[GpuIdentity]) -> bool {
+        let mut changed = false;
+        for gpu in gpus {
+            let (Some(pci), Some(id)) = (gpu.pci, gpu.uuid.as_ref().or(gpu.serial.as_ref())) else {
+                continue;
+            };
+            let place = slot_name(pci);
+            match self.hardware.insert(place.clone(), id.clone()) {
+                Some(old) if old != *id => {
+                    tracing::warn!(slot = %place, was = %old, now = %id, "Another GPU in this slot: the old GPU's history is dropped.");
+                    changed |= self.forget_earlier_boots(pci);
+                }
+                _ => {}
+            }
+        }
+        changed
+    }
+
+    /// Drop what earlier boots recorded for the GPU in `pci`'s slot. Returns whether a fault
+    /// went or changed.
+    fn forget_earlier_boots(&mut self, pci: PciAddress) -> bool {
+        let here = |component: &Component| matches!(component, Component::Gpu { pci: p } if slot(*p) == slot(pci));
+        let before = self.faults.len();
+        let boot_id = self.boot_id.clone();
+        self.faults.retain(|key, fault| {
+            let old = here(&key.0) && fault.boot_id != boot_id;
+            if old {
+                tracing::warn!(fault = %fault.label(), "Fault of the GPU that was in this slot dropped.");
+            }
+            !old
+        });
+        self.recurrence.retain(|key, boots| {
+            if serde_json::from_str::<Key>(key).is_ok_and(|k| here(&k.0)) {
+                boots.retain(|b| b.boot_id == boot_id);
+            }
+            !boots.is_empty()
+        });
+        let mut changed = self.faults.len() != before;
+        // A fault of this boot that the old GPU's sightings escalated to replace (only
+        // recurrence across boots escalates that far) goes back to its own verdict.
+        for (key, fault) in self.faults.iter_mut().filter(|(k, _)| here(&k.0)) {
+            if fault.class.action == Action::Replace && fault.escalated.is_some() {
+                fault.class.action = self
+                    .occurrences
+                    .get(key)
+                    .map_or(Action::Reboot, |o| o.class.action);
+                fault.escalated = None;
+                changed = true;
+            }
+        }
+        changed
+    }
+
     /// Every GPU known, from sysfs or NVML, in bus order: the index is the position.
     fn gpu_addresses(&self) -> Vec<PciAddress> {
         let mut all: Vec<PciAddress> = self.devices.gpus.iter().map(|d| d.pci).collect();
@@ -323,6 +390,7 @@ impl HealthModel {
             self.kmsg_cursor = state.kmsg_cursor;
         }
         self.recurrence = state.recurrence;
+        self.hardware = state.gpus;
         for fault in state.faults {
             let keep = same_boot
                 || (fault.class.action == Action::Replace
@@ -345,6 +413,7 @@ impl HealthModel {
             kmsg_cursor: self.kmsg_cursor,
             faults: self.faults.values().cloned().collect(),
             recurrence: self.recurrence.clone(),
+            gpus: self.hardware.clone(),
             ..PersistedState::empty(&self.boot_id)
         }
     }
@@ -427,6 +496,7 @@ impl HealthModel {
                 driver_version,
             } => {
                 let mut changed = gpus != self.nvml_gpus || driver_version != self.driver_version;
+                changed |= self.follow_hardware(&gpus);
                 self.nvml_gpus = gpus;
                 self.driver_version = driver_version;
                 changed |= self.replace_conditions(source, faults, &partial);
@@ -1038,6 +1108,66 @@ mod tests {
             m.restore(state);
         }
         m
+    }
+
+    fn nvml_sees(m: &mut HealthModel, address: &str, uuid: &str) {
+        m.apply(Observation::Poll {
+            source: SourceKind::Nvml,
+            faults: Vec::new(),
+            partial: Vec::new(),
+            gpus: vec![GpuIdentity {
+                pci: Some(pci(address)),
+                uuid: Some(uuid.into()),
+                ..GpuIdentity::default()
+            }],
+            driver_version: None,
+        });
+    }
+
+    /// Review 2026-12-03b, old L3: history was kept by PCI slot, so after an EC2 stop/start
+    /// onto new GPUs the old GPU's `replace` condemned the new one.
+    #[test]
+    fn another_gpu_in_the_slot_does_not_inherit_the_old_ones_history() {
+        let slot = "0000:18:00.0";
+        // Boot 1: GPU-A in the slot, Xid 54 (replace), and Xid 79 sightings.
+        let mut m = on_boot("boot-1", None);
+        nvml_sees(&mut m, slot, "GPU-A");
+        m.apply(xid("0000:18:00", 54, 1));
+        m.apply(xid("0000:18:00", 79, 2));
+        // Boot 2, same GPU: the replace stays.
+        let mut m = on_boot("boot-2", Some(m.persisted()));
+        nvml_sees(&mut m, slot, "GPU-A");
+        m.apply(xid("0000:18:00", 79, 1));
+        let faults = m.snapshot(KmsgStats::default()).faults;
+        assert!(
+            faults.iter().any(|f| f.code == FaultCode::Xid(54)),
+            "{faults:?}"
+        );
+        // Boot 3, another GPU in the slot (stop/start): the Xid 79 of this boot is the new
+        // GPU's and stays; the replace and the earlier boots' sightings are gone.
+        let mut m = on_boot("boot-3", Some(m.persisted()));
+        m.apply(xid("0000:18:00", 79, 1));
+        nvml_sees(&mut m, slot, "GPU-B");
+        let faults = m.snapshot(KmsgStats::default()).faults;
+        assert_eq!(
+            faults.iter().map(|f| f.code).collect::<Vec<_>>(),
+            [FaultCode::Xid(79)]
+        );
+        assert_eq!(
+            faults[0].class.action,
+            classify_xid(79, "", DriverBranch::Unknown).action,
+            "one boot's sighting of the new GPU escalates nothing"
+        );
+        let state = m.persisted();
+        assert_eq!(
+            state.gpus.get("0000:18:00").map(String::as_str),
+            Some("GPU-B")
+        );
+        assert!(state
+            .recurrence
+            .values()
+            .flatten()
+            .all(|b| b.boot_id == "boot-3"));
     }
 
     #[test]

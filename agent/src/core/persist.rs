@@ -25,6 +25,10 @@ pub struct PersistedState {
     /// Boots in which each fatal reset/reboot fault was seen (for escalation to replace).
     #[serde(default)]
     pub recurrence: std::collections::BTreeMap<String, Vec<BootSighting>>,
+    /// The GPU (UUID, else serial) NVML last saw in each slot (`0000:18:00`): a fault's
+    /// history belongs to the GPU, and goes when another GPU sits in its slot.
+    #[serde(default)]
+    pub gpus: std::collections::BTreeMap<String, String>,
 }
 
 /// A boot in which a fault was seen, and when it was first seen in that boot.
@@ -70,6 +74,7 @@ impl PersistedState {
             kmsg_cursor: None,
             faults: Vec::new(),
             recurrence: std::collections::BTreeMap::new(),
+            gpus: std::collections::BTreeMap::new(),
         }
     }
 }

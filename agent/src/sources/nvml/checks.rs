@@ -24,7 +24,7 @@
 //! PCIe *generation* below maximum is not a fault: GPUs lower it at idle to save power. It is
 //! exported as a metric.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use super::probe::{GpuReading, Unread};
@@ -73,15 +73,26 @@ fn finding(
 }
 
 /// What earlier polls of this boot saw: NVLink counter totals (to turn counters into rates)
-/// and which links have been up (the baseline a link going down is judged against).
+/// and which links have been up (the baseline a link going down is judged against), each
+/// by the GPU's [`gpu_key`].
 #[derive(Debug, Default)]
 pub struct Rates {
-    previous: HashMap<u32, u64>,
-    links_up: HashMap<u32, Vec<bool>>,
+    previous: HashMap<String, u64>,
+    links_up: Baseline,
 }
 
-/// Which NVLinks of each GPU (by NVML index) have been up in this boot.
-pub type Baseline = HashMap<u32, Vec<bool>>;
+/// Which NVLinks (by link number) of each GPU (by [`gpu_key`]) have been up in this boot.
+pub type Baseline = BTreeMap<String, BTreeSet<u32>>;
+
+/// What a GPU's history is kept under: its UUID, else its PCI address. Never its NVML
+/// index, which shifts when a GPU before it drops out of enumeration.
+pub fn gpu_key(r: &GpuReading) -> String {
+    match (&r.uuid, &r.pci) {
+        (Ok(uuid), _) => uuid.clone(),
+        (Err(_), Ok(pci)) => pci.to_string(),
+        (Err(_), Err(_)) => format!("nvml#{}", r.nvml_index),
+    }
+}
 
 impl Rates {
     /// The NVLink baseline, to keep across an agent restart in the same boot.
@@ -142,9 +153,12 @@ pub fn partially_read(readings: &[GpuReading], on_bus: &[PciAddress]) -> Vec<Com
             r.clock_events.as_ref().err(),
             r.recovery_action.as_ref().err(),
         ];
-        errs.into_iter()
-            .flatten()
-            .any(|e| matches!(e, crate::sources::nvml::probe::Unread::Failed(_)))
+        let unread_link = r.nvlink.as_ref().is_ok_and(|n| !n.unread.is_empty());
+        unread_link
+            || errs
+                .into_iter()
+                .flatten()
+                .any(|e| matches!(e, crate::sources::nvml::probe::Unread::Failed(_)))
     };
     readings
         .iter()
@@ -325,21 +339,18 @@ fn per_gpu(
         }
     }
     if let Ok(nv) = &r.nvlink {
-        let seen = rates.links_up.entry(r.nvml_index).or_default();
-        if seen.len() < nv.links.len() {
-            seen.resize(nv.links.len(), false);
-        }
+        let seen = rates.links_up.entry(gpu_key(r)).or_default();
         let (mut lost, mut never) = (Vec::new(), Vec::new());
-        for (i, up) in nv.links.iter().enumerate() {
-            if *up {
-                seen[i] = true;
-            } else if seen[i] {
-                lost.push(i.to_string());
+        for (&link, &up) in &nv.links {
+            if up {
+                seen.insert(link);
+            } else if seen.contains(&link) {
+                lost.push(link.to_string());
             } else {
-                never.push(i.to_string());
+                never.push(link.to_string());
             }
         }
-        let up = nv.links.iter().filter(|u| **u).count();
+        let up = nv.links.values().filter(|u| **u).count();
         if !lost.is_empty() {
             push(
                 FaultCode::NvlinkDown,
@@ -368,7 +379,7 @@ fn per_gpu(
             );
         }
         let total = nv.replay + nv.recovery + nv.crc;
-        if let Some(before) = rates.previous.insert(r.nvml_index, total) {
+        if let Some(before) = rates.previous.insert(gpu_key(r), total) {
             let minutes = elapsed.as_secs_f64() / 60.0;
             let per_minute = if minutes > 0.0 {
                 total.saturating_sub(before) as f64 / minutes
@@ -462,7 +473,7 @@ mod tests {
                 failure: false,
             }),
             nvlink: Ok(NvlinkState {
-                links: vec![true; 18],
+                links: (0..18).map(|l| (l, true)).collect(),
                 ..NvlinkState::default()
             }),
             pcie: Ok(PcieLink {
@@ -569,7 +580,7 @@ mod tests {
         // Link 4 never up in this boot, past the grace: a warning, never a replacement.
         let mut g = healthy(0);
         if let Ok(nv) = &mut g.nvlink {
-            nv.links[4] = false;
+            nv.links.insert(4, false);
         }
         assert_eq!(
             codes(&[g], 1, &bus),
@@ -663,7 +674,7 @@ mod tests {
         let mut rates = Rates::default();
         let mut untrained = healthy(0);
         if let Ok(nv) = &mut untrained.nvlink {
-            nv.links = vec![false; 18];
+            nv.links.values_mut().for_each(|up| *up = false);
         }
         let poll = |g: &GpuReading, rates: &mut Rates, booting| {
             evaluate(
@@ -685,7 +696,7 @@ mod tests {
         // A link that was up goes down: fatal at once, grace or not.
         let mut one_down = healthy(0);
         if let Ok(nv) = &mut one_down.nvlink {
-            nv.links[7] = false;
+            nv.links.insert(7, false);
         }
         assert_eq!(
             poll(&one_down, &mut rates, true),
@@ -696,6 +707,49 @@ mod tests {
         assert_eq!(
             poll(&untrained, &mut fresh, false),
             [(FaultCode::NvlinkInactive, Severity::Warning)]
+        );
+    }
+
+    /// Review 2026-12-03b L9 (old and new): a failed read of one link shifted the numbers of
+    /// the links after it, and the baseline was kept by NVML index, so a GPU was judged
+    /// against another's links after one dropped out of enumeration.
+    #[test]
+    fn a_failed_link_read_moves_no_link_and_the_baseline_follows_the_gpu() {
+        let bus = [pci(0), pci(1)];
+        let mut rates = Rates::default();
+        let poll = |gs: &[GpuReading], rates: &mut Rates| {
+            evaluate(gs, 2, &bus, rates, Duration::ZERO, false)
+                .into_iter()
+                .map(|f| (f.component, f.code))
+                .collect::<Vec<_>>()
+        };
+        // GPU 1's link 17 never trains (disabled on this host): a warning.
+        let mut second = healthy(1);
+        if let Ok(nv) = &mut second.nvlink {
+            nv.links.insert(17, false);
+        }
+        let inactive = (Component::Gpu { pci: pci(1) }, FaultCode::NvlinkInactive);
+        assert_eq!(poll(&[healthy(0), second.clone()], &mut rates), [inactive]);
+        // Link 3 cannot be read this poll: no link is judged down, and the GPU is partial
+        // (its faults stay as they were).
+        let mut flaky = second.clone();
+        if let Ok(nv) = &mut flaky.nvlink {
+            nv.links.remove(&3);
+            nv.unread.push(3);
+        }
+        assert_eq!(poll(&[healthy(0), flaky.clone()], &mut rates), [inactive]);
+        assert_eq!(
+            partially_read(&[healthy(0), flaky], &bus),
+            [Component::Gpu { pci: pci(1) }]
+        );
+        // GPU 0 drops out of enumeration (an agent restart: GPU 1 is NVML index 0 now):
+        // GPU 1 is judged against its own links, not GPU 0's.
+        second.nvml_index = 0;
+        let found = poll(&[second], &mut rates);
+        assert!(found.contains(&inactive), "{found:?}");
+        assert!(
+            !found.iter().any(|(_, code)| *code == FaultCode::NvlinkDown),
+            "{found:?}"
         );
     }
 

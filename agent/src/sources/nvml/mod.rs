@@ -52,7 +52,9 @@ pub struct Settings {
     pub baseline: Option<(PathBuf, String)>,
 }
 
-/// The NVLink baseline on disk: which links were up, in which boot.
+/// The NVLink baseline on disk: which links of which GPU (by UUID, else PCI address) were up,
+/// in which boot. A file of an earlier version (kept by NVML index) does not parse and is
+/// not used.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct SavedBaseline {
     boot_id: String,
@@ -219,8 +221,9 @@ fn identity(r: &GpuReading) -> GpuIdentity {
             ecc_uncorrected_aggregate: r.ecc_aggregate.clone().ok(),
             remapped_rows_correctable: remap.map(|m| m.correctable),
             remapped_rows_uncorrectable: remap.map(|m| m.uncorrectable),
-            nvlink_up: nvlink
-                .map(|n| u32::try_from(n.links.iter().filter(|u| **u).count()).unwrap_or(u32::MAX)),
+            nvlink_up: nvlink.map(|n| {
+                u32::try_from(n.links.values().filter(|u| **u).count()).unwrap_or(u32::MAX)
+            }),
             nvlink_total: nvlink.map(|n| u32::try_from(n.links.len()).unwrap_or(u32::MAX)),
             nvlink_replay_errors: nvlink.map(|n| n.replay),
             nvlink_recovery_errors: nvlink.map(|n| n.recovery),

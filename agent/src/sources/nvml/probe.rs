@@ -6,6 +6,8 @@ use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 
+use std::collections::BTreeMap;
+
 use super::raw;
 use crate::model::PciAddress;
 
@@ -61,8 +63,11 @@ pub struct PcieLink {
 /// NVLink state summed over the GPU's links.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct NvlinkState {
-    /// Up (true) or down (false) for each link the GPU has.
-    pub links: Vec<bool>,
+    /// Up (true) or down (false) for each link the GPU has, by link number.
+    pub links: BTreeMap<u32, bool>,
+    /// Links whose state could not be read this poll (a call failed): neither up nor down,
+    /// and the numbers of the others do not move.
+    pub unread: Vec<u32>,
     /// Replay errors, all links.
     pub replay: u64,
     /// Recovery errors, all links.
@@ -243,18 +248,27 @@ fn nvlink(device: &Device<'_>) -> Read<NvlinkState> {
     let mut state = NvlinkState::default();
     for link in 0..NVLINK_MAX_LINKS {
         let wrapper = device.link_wrapper_for(link);
-        match read(wrapper.is_active()) {
-            Ok(up) => state.links.push(up),
-            // A link number the GPU does not have.
-            Err(Unread::NotSupported | Unread::Failed(_)) => continue,
-            Err(e) => return Err(e),
+        match wrapper.is_active() {
+            Ok(up) => {
+                state.links.insert(link, up);
+            }
+            // A link number the GPU does not have (NVML answers "invalid argument").
+            Err(NvmlError::InvalidArg) => continue,
+            Err(e) => match raw::classify(e) {
+                Unread::NotSupported => continue,
+                Unread::Failed(_) => {
+                    state.unread.push(link);
+                    continue;
+                }
+                other => return Err(other),
+            },
         }
         let count = |c| read(wrapper.error_counter(c)).unwrap_or(0);
         state.replay += count(ErrorCounter::DlReplay);
         state.recovery += count(ErrorCounter::DlRecovery);
         state.crc += count(ErrorCounter::DlCrcFlit);
     }
-    if state.links.is_empty() {
+    if state.links.is_empty() && state.unread.is_empty() {
         return Err(Unread::NotSupported);
     }
     Ok(state)
