@@ -4,7 +4,9 @@
 //! nonce and an HMAC-SHA256 of the nonce and the line, keyed by a per-boot secret in the
 //! root-only state directory (`<state_dir>/drill.key`): only a process that can read that
 //! file can mark a line, a marked line cannot be changed, and a line seen before (its nonce
-//! no newer than the last accepted) is a replay and does not count.
+//! no newer than the last accepted, or than any drill the kernel log still holds from before
+//! an agent restart) is a replay and does not count, nor does one marked more than two
+//! minutes from when the agent reads it.
 
 use std::path::Path;
 
@@ -38,12 +40,17 @@ pub enum Holder {
     /// another boot id than the service does: systemd-nspawn gives a container's processes
     /// a boot id of its own); made only when there is none.
     Drill,
+    /// `gpu-agent check`: the daemon's key as it is, whatever boot it names; never made or
+    /// replaced (a one-shot check must not rotate the running daemon's key).
+    Reader,
 }
 
 /// The drill key in `<state_dir>/drill.key`; made (from the kernel's random source) and
-/// saved, 0600, when there is none, or, for the daemon, when it was made in another boot.
+/// saved, 0600 from its creation, when there is none, or, for the daemon, when it was made in
+/// another boot. A [`Holder::Reader`] gets `NotFound` where there is no key to read.
 pub fn key(state_dir: &Path, boot_id: &str, holder: Holder) -> Result<Vec<u8>, DrillError> {
-    use std::os::unix::fs::PermissionsExt;
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let path = state_dir.join("drill.key");
     let io = |source| DrillError::Io {
         path: path.clone(),
@@ -51,12 +58,15 @@ pub fn key(state_dir: &Path, boot_id: &str, holder: Holder) -> Result<Vec<u8>, D
     };
     if let Ok(text) = std::fs::read_to_string(&path) {
         if let Some((boot, hex)) = text.trim().split_once(' ') {
-            if boot == boot_id || holder == Holder::Drill {
+            if boot == boot_id || holder != Holder::Daemon {
                 if let Some(key) = from_hex(hex) {
                     return Ok(key);
                 }
             }
         }
+    }
+    if holder == Holder::Reader {
+        return Err(io(std::io::Error::from(std::io::ErrorKind::NotFound)));
     }
     let mut key = vec![0u8; 32];
     std::io::Read::read_exact(
@@ -66,8 +76,21 @@ pub fn key(state_dir: &Path, boot_id: &str, holder: Holder) -> Result<Vec<u8>, D
     .map_err(io)?;
     std::fs::create_dir_all(state_dir).map_err(io)?;
     let tmp = state_dir.join(".drill.key.tmp");
-    std::fs::write(&tmp, format!("{boot_id} {}\n", to_hex(&key))).map_err(io)?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
+    // A temp file an earlier run left may have any mode: it goes, and the new one is made
+    // 0600 (`O_CREAT | O_EXCL`, which follows no link), never readable under the umask.
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
+        _ => {}
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io)?;
+    file.write_all(format!("{boot_id} {}\n", to_hex(&key)).as_bytes())
+        .and_then(|()| file.sync_all())
+        .map_err(io)?;
     std::fs::rename(&tmp, &path).map_err(io)?;
     Ok(key)
 }
@@ -96,7 +119,12 @@ fn mac(key: &[u8], nonce: u128, body: &str) -> String {
 
 /// `body` with its drill mark (the nonce: nanoseconds since the epoch, fresh per line).
 pub fn mark(key: &[u8], body: &str) -> String {
-    let nonce = std::time::SystemTime::now()
+    mark_at(key, body, std::time::SystemTime::now())
+}
+
+/// `body` with the drill mark it would have been given at `at`.
+pub fn mark_at(key: &[u8], body: &str, at: std::time::SystemTime) -> String {
+    let nonce = at
         .duration_since(std::time::SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     format!("{body} {MARK} {nonce}:{})", mac(key, nonce, body))
@@ -149,6 +177,17 @@ mod tests {
         assert!(verify(&key_a, &format!("{body} (injected by gpu-agent)")).is_none());
         let copied = line.replace(": 79,", ": 48,");
         assert!(verify(&key_a, &copied).is_none());
+        // `check` reads the key, whatever boot it names, and never replaces it.
+        assert_eq!(
+            key(dir.path(), "container-boot", Holder::Reader).expect("reader"),
+            key_a
+        );
+        let empty = tempfile::tempdir().expect("tempdir");
+        assert!(key(empty.path(), "boot-1", Holder::Reader).is_err());
+        assert!(
+            !empty.path().join("drill.key").exists(),
+            "a reader makes none"
+        );
         // A new boot, a new key: yesterday's drills do not verify.
         let key_b = key(dir.path(), "boot-2", Holder::Daemon).expect("key");
         assert_ne!(key_a, key_b);

@@ -502,6 +502,26 @@ fn the_drill_mark_cannot_be_forged_altered_or_replayed() {
     assert_eq!(f["count"], 1, "a replayed drill: {f}");
     assert_eq!(f["drill"], true, "{f}");
     assert!(agent.stop().success());
+    // Restarted in the same boot: the drill, copied again, is still a replay (review
+    // 2026-12-03b L1), and `check` leaves the daemon's key as it is.
+    // `check` run where another boot id shows (as inside systemd-nspawn).
+    let key = std::fs::read(host.dir.path().join("state/drill.key")).expect("drill key");
+    host.set_boot_id("container-boot");
+    let (code, out, err) = cli(&["--config", &config.to_string_lossy(), "check"]);
+    host.set_boot_id("boot-1");
+    assert!(code == 0 || code == 1, "{out}{err}");
+    assert_eq!(
+        std::fs::read(host.dir.path().join("state/drill.key")).expect("drill key"),
+        key,
+        "check rotated the key"
+    );
+    let agent = Agent::start(&config, &host.socket());
+    let before = ignored(&agent.snapshot().expect("snapshot"));
+    inject(&drill);
+    let s = agent.wait_for(Duration::from_secs(5), |s| ignored(s) > before);
+    let f = fault(&s, &host, "xid", Some(48)).expect("the drill");
+    assert_eq!(f["count"], 1, "a drill replayed after a restart: {f}");
+    assert!(agent.stop().success());
     // The next boot: drills do not survive it, whatever their action.
     host.set_boot_id("boot-2");
     let agent = Agent::start(&config, &host.socket());

@@ -14,7 +14,7 @@ pub fn check(loaded: &Loaded, json: bool) -> anyhow::Result<u8> {
     let counters = super::counters();
     let mut unreadable = false;
     if config.kmsg.enabled {
-        let settings = host.kmsg_settings(config, None);
+        let settings = host.kmsg_settings(config, None, crate::drill::Holder::Reader);
         match kmsg::read_snapshot(settings, std::sync::Arc::clone(&counters)) {
             Ok(reports) => {
                 model.apply(Observation::Source(SourceKind::Kmsg, SourceState::On));

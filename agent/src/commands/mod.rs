@@ -115,18 +115,22 @@ impl HostFacts {
         }
     }
 
-    /// Kernel-log source settings, resuming after `cursor`; drills are recognised with this
-    /// boot's drill key (made in the state directory if there is none yet).
-    pub fn kmsg_settings(&self, config: &Config, cursor: Option<u64>) -> kmsg::Settings {
-        let drill_key = crate::drill::key(
-            &config.state_dir,
-            &self.boot_id,
-            crate::drill::Holder::Daemon,
-        )
-        .map_err(
-            |e| tracing::warn!(error = %e, "No drill key: gpu-agent inject lines will not count."),
-        )
-        .ok();
+    /// Kernel-log source settings, resuming after `cursor`; drills are recognised with the
+    /// drill key as `holder` has it (the daemon makes this boot's if there is none yet;
+    /// `check` only reads it).
+    pub fn kmsg_settings(
+        &self,
+        config: &Config,
+        cursor: Option<u64>,
+        holder: crate::drill::Holder,
+    ) -> kmsg::Settings {
+        let drill_key = crate::drill::key(&config.state_dir, &self.boot_id, holder)
+            .map_err(|e| {
+                if holder == crate::drill::Holder::Daemon {
+                    tracing::warn!(error = %e, "No drill key: gpu-agent inject lines will not count.");
+                }
+            })
+            .ok();
         kmsg::Settings {
             path: config.kmsg.path.clone(),
             resume_after: cursor,

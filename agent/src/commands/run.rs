@@ -67,7 +67,8 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
     let counters = super::counters();
     if config.kmsg.enabled {
         model.apply(Observation::Source(SourceKind::Kmsg, SourceState::Starting));
-        let settings = host.kmsg_settings(&config, model.kmsg_cursor());
+        let settings =
+            host.kmsg_settings(&config, model.kmsg_cursor(), crate::drill::Holder::Daemon);
         kmsg::spawn(settings, Arc::clone(&counters), tx.clone())
             .context("cannot start the kernel-log thread")?;
     } else {

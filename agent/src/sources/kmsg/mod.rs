@@ -89,10 +89,25 @@ pub struct RecordReader {
     sxid: Option<(crate::model::PciAddress, u32, u64)>,
     /// A GPU named by `NVRM: The NVIDIA GPU ...` whose notice may go on: `(gpu, seq)`.
     notice: Option<(crate::model::PciAddress, u64)>,
-    /// The newest drill nonce accepted: an older or equal one is a replayed line.
+    /// The newest drill nonce accepted, or read before the cursor after a restart: an older
+    /// or equal one is a replayed line.
     last_drill: u128,
     /// A forged or replayed drill line was logged (once: they are counted as ignored).
     bad_drill_logged: bool,
+}
+
+/// How far a drill's nonce (when `gpu-agent inject` marked it) may lie from the time the
+/// agent reads it. `inject` writes at once and the agent reads within milliseconds; a copy
+/// written again later (after an agent restart, when the newest nonce seen is known only
+/// for lines still in the ring) is stale.
+const DRILL_FRESH: Duration = Duration::from_secs(120);
+
+/// Whether a drill nonce (nanoseconds since the epoch) lies within [`DRILL_FRESH`] of `now`.
+fn fresh(nonce: u128, now: SystemTime) -> bool {
+    let now = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    now.abs_diff(nonce) <= DRILL_FRESH.as_nanos()
 }
 
 impl RecordReader {
@@ -115,17 +130,18 @@ impl RecordReader {
         let Some(key) = &self.settings.drill_key else {
             return false;
         };
-        match crate::drill::verify(key, message) {
-            Some(nonce) if nonce > self.last_drill => {
+        let verified = crate::drill::verify(key, message);
+        match verified {
+            Some(nonce) if nonce > self.last_drill && fresh(nonce, SystemTime::now()) => {
                 self.last_drill = nonce;
                 true
             }
-            verified => {
+            _ => {
                 if crate::drill::is_marked(message)
                     && !std::mem::replace(&mut self.bad_drill_logged, true)
                 {
                     let what = if verified.is_some() {
-                        "replayed"
+                        "replayed or stale"
                     } else {
                         "forged or altered"
                     };
@@ -167,6 +183,19 @@ impl RecordReader {
             .resume_after
             .is_some_and(|cursor| seq <= cursor)
         {
+            // A drill merged before a restart: no copy of it may count again.
+            if record.facility != record::KERNEL_FACILITY
+                && crate::drill::is_marked(&record.message)
+            {
+                if let Some(nonce) = self
+                    .settings
+                    .drill_key
+                    .as_ref()
+                    .and_then(|key| crate::drill::verify(key, &record.message))
+                {
+                    self.last_drill = self.last_drill.max(nonce);
+                }
+            }
             return None;
         }
         let at = match self.settings.boot_time {
@@ -511,9 +540,31 @@ mod tests {
         let report = r.on_record(&user(3, &drill)).expect("a gpu-agent drill");
         assert!(report.drill, "reported as a drill");
         assert!(r.on_record(&user(3, &drill)).is_none(), "a replayed drill");
+        let long_ago = std::time::SystemTime::now() - Duration::from_secs(600);
+        let stale = crate::drill::mark_at(b"test-key", forged, long_ago);
+        assert!(r.on_record(&user(3, &stale)).is_none(), "a stale drill");
         assert!(r.on_record(&entry(4, forged)).is_some(), "the kernel's own");
         r.settings.accept_userspace = true;
         assert!(r.on_record(&user(5, forged)).is_some(), "replay rig");
+    }
+
+    /// Review 2026-12-03b L1: the newest drill nonce lived in memory only, so after an
+    /// agent restart a genuine drill line copied from `dmesg` counted again.
+    #[test]
+    fn a_drill_read_before_a_restart_never_counts_again() {
+        let body = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.";
+        let drill = Record {
+            facility: 1,
+            ..entry(3, &crate::drill::mark(b"test-key", body))
+        };
+        // The restarted reader resumes after record 3, which it reads again from the ring.
+        let mut r = reader(Some(3));
+        assert!(r.on_record(&drill).is_none(), "before the cursor");
+        let copy = Record { seq: 9, ..drill };
+        assert!(
+            r.on_record(&copy).is_none(),
+            "a copy written after the restart"
+        );
     }
 
     #[test]
