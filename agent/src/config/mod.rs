@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use duration::HumanDuration;
+use duration::{DAY, HOUR, MINUTE, MS, SECOND};
 
 /// Where the config file lives when `--config` is not given.
 pub const DEFAULT_PATH: &str = "/etc/gpu-agent/config.toml";
@@ -68,11 +69,11 @@ pub struct Config {
     /// line of it, so a storm of any length is one episode). Never to replace.
     pub escalate_after_repeats: u32,
     /// The window of `escalate_after_boots` and `escalate_after_repeats`.
-    pub escalate_window: HumanDuration,
+    pub escalate_window: HumanDuration<MINUTE, { 30 * DAY }>,
     /// After the daemon has run this long, the pages of its own program that start-up
     /// touched are unmapped from it (`MADV_DONTNEED`; they stay in the page cache): code that
     /// ran once does not stay resident; what the idle loop uses comes back on use. `0s`: never.
-    pub page_out_after: HumanDuration,
+    pub page_out_after: HumanDuration<0, DAY>,
     /// The status socket.
     pub status: StatusConfig,
     /// The kernel-log source.
@@ -139,14 +140,14 @@ pub struct CheckpointConfig {
     pub cordon: bool,
     /// An ending of the instance already signalled covers a later ending within this window
     /// (a shutdown after a Spot notice or a Capacity Block end): one ending, one signal.
-    pub ending_window: HumanDuration,
+    pub ending_window: HumanDuration<0, DAY>,
     /// Fatal faults within this window of a fatal fault already signalled are the same
     /// incident (`fatal-fault` trigger): one incident, one signal.
-    pub incident_window: HumanDuration,
+    pub incident_window: HumanDuration<0, DAY>,
     /// After a signal, how long the agent waits for the signalled processes to finish; a
     /// host shutdown is held this long at most (keep it under logind's
     /// `InhibitDelayMaxSec` and `[logind] max_delay`).
-    pub hold: HumanDuration,
+    pub hold: HumanDuration<0, { 30 * MINUTE }>,
     /// The current ending as JSON, for trainers that poll instead of taking a signal
     /// (world-readable, replaced atomically, absent when nothing is pending); empty: off.
     pub notice_file: PathBuf,
@@ -161,9 +162,9 @@ pub struct CheckpointConfig {
 #[serde(deny_unknown_fields, default, rename_all = "kebab-case")]
 pub struct LeadConfig {
     /// Before scheduled maintenance's `NotBefore`.
-    pub scheduled_maintenance: HumanDuration,
+    pub scheduled_maintenance: HumanDuration<0, DAY>,
     /// Before the Capacity Block's termination start (EndDate - 30 min).
-    pub capacity_block: HumanDuration,
+    pub capacity_block: HumanDuration<0, DAY>,
 }
 
 impl Default for LeadConfig {
@@ -210,11 +211,11 @@ pub struct ImdsConfig {
     /// `AWS_EC2_METADATA_SERVICE_ENDPOINT` variable, else the link-local address on EC2.
     pub endpoint: String,
     /// How often the Spot instance-action is polled (it gives two minutes).
-    pub poll_interval: HumanDuration,
+    pub poll_interval: HumanDuration<{ 100 * MS }, MINUTE>,
     /// How often the rebalance recommendation is polled (it changes rarely).
-    pub rebalance_interval: HumanDuration,
+    pub rebalance_interval: HumanDuration<{ 100 * MS }, HOUR>,
     /// How often scheduled events are polled (announced days ahead).
-    pub scheduled_interval: HumanDuration,
+    pub scheduled_interval: HumanDuration<{ 100 * MS }, DAY>,
 }
 
 impl Default for ImdsConfig {
@@ -238,7 +239,7 @@ pub struct Ec2Config {
     /// Endpoint override (tests); empty: the region's endpoint.
     pub endpoint: String,
     /// How often to re-read the reservation.
-    pub poll_interval: HumanDuration,
+    pub poll_interval: HumanDuration<SECOND, DAY>,
 }
 
 impl Default for Ec2Config {
@@ -261,7 +262,7 @@ pub struct LogindConfig {
     pub bus_address: String,
     /// Longest the shutdown is delayed while targets are signalled and finish (also capped
     /// by logind's `InhibitDelayMaxSec`, 60 s with the package's drop-in).
-    pub max_delay: HumanDuration,
+    pub max_delay: HumanDuration<0, HOUR>,
 }
 
 impl Default for LogindConfig {
@@ -344,15 +345,16 @@ pub struct KubernetesConfig {
     /// Condition type for a pending end of the instance.
     pub interruption_condition: String,
     /// The first change after a quiet window is written at once; changes within this long
-    /// of a write are gathered into the next PATCH.
-    pub debounce: HumanDuration,
+    /// of a write are gathered into the next PATCH (at most 1s: changes must reach the API
+    /// server within a second).
+    pub debounce: HumanDuration<0, SECOND>,
     /// `lastHeartbeatTime` is refreshed this often with no change.
-    pub heartbeat_interval: HumanDuration,
+    pub heartbeat_interval: HumanDuration<SECOND, DAY>,
     /// Record warning and fatal faults as Node Events.
     pub events: bool,
     /// Time limit for every API call: connecting, each read and write, and the whole call. A
     /// server that accepts and never answers shows as the sink `failed` after this.
-    pub timeout: HumanDuration,
+    pub timeout: HumanDuration<{ 100 * MS }, { 5 * MINUTE }>,
     /// nodeadm's kubelet environment file, whose `NODEADM_KUBELET_ARGS` carries the
     /// kubelet's `--hostname-override` before the kubelet runs (a hint: the running kubelet's
     /// command line wins).
@@ -384,10 +386,11 @@ pub struct PodResourcesConfig {
     pub enabled: bool,
     /// The kubelet's pod-resources socket (gRPC `v1.PodResourcesLister`).
     pub socket: PathBuf,
-    /// Time limit for connecting and for the `List` call.
-    pub timeout: HumanDuration,
+    /// Time limit for connecting and for the `List` call (10ms to 1.5s: `status` answers
+    /// within 2s, holders included).
+    pub timeout: HumanDuration<{ 10 * MS }, { 1500 * MS }>,
     /// How long one answer is reused (a burst of faults costs one `List`).
-    pub cache_for: HumanDuration,
+    pub cache_for: HumanDuration<0, MINUTE>,
     /// Extended resources whose name starts with this are GPUs (`nvidia.com/gpu`,
     /// `nvidia.com/gpu.shared`, `nvidia.com/mig-1g.10gb`, ...).
     pub resource_prefix: String,
@@ -414,14 +417,14 @@ pub struct NvmlConfig {
     /// The NVML library: a file name searched the usual way, or a path.
     pub library: PathBuf,
     /// How often to poll.
-    pub poll_interval: HumanDuration,
+    pub poll_interval: HumanDuration<{ 100 * MS }, HOUR>,
     /// GPUs this node should have; 0 derives it from the instance type (DMI product name)
     /// or, failing that, from the NVIDIA GPUs on the PCI bus.
     pub expected_gpus: u32,
     /// From boot, how long NVLinks that have not come up yet are not judged: on HGX hosts
     /// nvidia-fabricmanager trains them after the agent starts. A link that was up and goes
     /// down is fatal at once, grace or not; one never up after the grace is a warning.
-    pub nvlink_boot_grace: HumanDuration,
+    pub nvlink_boot_grace: HumanDuration<0, DAY>,
 }
 
 impl Default for NvmlConfig {
@@ -454,7 +457,7 @@ pub struct KmsgConfig {
     /// The kernel log device, or a file holding a `/dev/kmsg` dump.
     pub path: PathBuf,
     /// How often a repeating fault is summarised in the agent's own log.
-    pub repeat_log_interval: HumanDuration,
+    pub repeat_log_interval: HumanDuration<MS, DAY>,
     /// Count fault lines written by userspace (any facility but the kernel's) as faults.
     /// Off: only the kernel's own lines and `gpu-agent inject`'s marked drill lines count, so
     /// nothing that can write to `/dev/kmsg` can forge an Xid; the rest are counted as
@@ -672,45 +675,7 @@ impl Config {
                 ));
             }
         }
-        if self.nvml.poll_interval.0 < std::time::Duration::from_millis(100) {
-            return Err(invalid("nvml.poll_interval", "must be at least 100ms"));
-        }
-        if self.kmsg.repeat_log_interval.0.is_zero() {
-            return Err(invalid(
-                "kmsg.repeat_log_interval",
-                "must be greater than zero",
-            ));
-        }
-        let p = &self.pod_resources;
-        if p.timeout.0 < std::time::Duration::from_millis(10)
-            || p.timeout.0 > std::time::Duration::from_millis(1500)
-        {
-            return Err(invalid(
-                "pod_resources.timeout",
-                "must be between 10ms and 1500ms (`status` answers within 2s, holders included)",
-            ));
-        }
         let k = &self.kubernetes;
-        if k.debounce.0 > std::time::Duration::from_secs(1) {
-            return Err(invalid(
-                "kubernetes.debounce",
-                "must be at most 1s (changes must reach the API server within a second)",
-            ));
-        }
-        if k.heartbeat_interval.0 < std::time::Duration::from_secs(1) {
-            return Err(invalid(
-                "kubernetes.heartbeat_interval",
-                "must be at least 1s",
-            ));
-        }
-        if k.timeout.0 < std::time::Duration::from_millis(100)
-            || k.timeout.0 > std::time::Duration::from_secs(300)
-        {
-            return Err(invalid(
-                "kubernetes.timeout",
-                "must be between 100ms and 5m",
-            ));
-        }
         for (key, value) in [
             ("kubernetes.hardware_condition", &k.hardware_condition),
             (
@@ -753,9 +718,6 @@ impl Config {
         if let Err(e) = glob::Pattern::new(&self.checkpoint.device_glob) {
             return Err(invalid("checkpoint.device_glob", &e.to_string()));
         }
-        if self.imds.poll_interval.0 < std::time::Duration::from_millis(100) {
-            return Err(invalid("imds.poll_interval", "must be at least 100ms"));
-        }
         if self.escalate_after_repeats < 2 {
             return Err(invalid(
                 "escalate_after_repeats",
@@ -790,6 +752,27 @@ mod tests {
             parse("", Path::new("empty")).expect("empty parses"),
             Config::default()
         );
+    }
+
+    /// Review 2026-12-03b, old L8: absurd durations passed the load and overflowed
+    /// `Instant + Duration` in the running daemon (a panic loop under systemd).
+    #[test]
+    fn an_absurd_duration_names_its_key_line_and_range() {
+        let e = err("[checkpoint]\nsignal = \"SIGUSR1\"\nhold = \"1000000d\"\n");
+        assert!(e.contains("hold"), "{e}");
+        assert!(e.contains("line 3"), "{e}");
+        assert!(e.contains("between 0s and 30m"), "{e}");
+        for (table, key, value) in [
+            ("logind", "max_delay", "100y"),
+            ("nvml", "nvlink_boot_grace", "1000000d"),
+            ("nvml", "poll_interval", "1ms"),
+            ("kubernetes", "debounce", "2s"),
+            ("pod_resources", "timeout", "3s"),
+            ("checkpoint.lead", "capacity-block", "400d"),
+        ] {
+            let e = err(&format!("[{table}]\n{key} = {value:?}\n"));
+            assert!(e.contains(key) && e.contains("out of range"), "{e}");
+        }
     }
 
     #[test]
