@@ -20,6 +20,8 @@ pub struct Ec2State {
     pub reservation: Option<(String, String)>,
     /// Actions answered with `UnauthorizedOperation`.
     pub denied: Vec<String>,
+    /// Actions whose requests are read and never answered (an endpoint that hangs).
+    pub stalled: Vec<String>,
     /// Actions received.
     pub actions: Vec<String>,
 }
@@ -100,8 +102,15 @@ async fn handle(
             .map(str::to_string)
     };
     let action = param("Action").unwrap_or_default();
-    let mut s = state.lock().expect("state");
-    s.actions.push(action.clone());
+    let stalled = {
+        let mut s = state.lock().expect("state");
+        s.actions.push(action.clone());
+        s.stalled.contains(&action)
+    };
+    if stalled {
+        tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+    }
+    let s = state.lock().expect("state");
     if s.denied.contains(&action) {
         return error(
             403,

@@ -466,6 +466,34 @@ fn a_capacity_block_end_fires_at_end_minus_30_minutes_minus_lead_and_iam_errors_
         "{reason}"
     );
     assert!(agent.stop().success());
+
+    // An EC2 endpoint that never answers (review 2026-12-03b L12): the lookup is cut off
+    // within the poll interval and the source says so.
+    {
+        let mut s = ec2.state.lock().expect("state");
+        s.denied.clear();
+        s.stalled.push("DescribeInstances".into());
+    }
+    let agent = Agent::start_with_env(
+        &config,
+        &host.socket(),
+        &[
+            ("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE"),
+            ("AWS_SECRET_ACCESS_KEY", "secret"),
+        ],
+    );
+    agent.wait_for(Duration::from_secs(10), |s| {
+        s["sources"].as_array().is_some_and(|a| {
+            a.iter().any(|x| {
+                x["source"] == "capacity-block"
+                    && x["state"] == "failed"
+                    && x["reason"]
+                        .as_str()
+                        .is_some_and(|r| r.contains("no answer within"))
+            })
+        })
+    });
+    assert!(agent.stop().success());
 }
 
 #[test]

@@ -478,6 +478,52 @@ fn the_exec_credential_plugin_never_stalls_the_daemon_and_one_client_serves_both
     assert!(agent.stop().success());
 }
 
+/// Review 2026-12-03b L13: building the client, which runs the kubeconfig's exec credential
+/// plugin, was awaited without a limit under the client's lock: a plugin that hangs held
+/// every Kubernetes sink, and `status` said nothing.
+#[test]
+fn a_hung_exec_credential_plugin_shows_as_the_sink_failed() {
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    let plugin = host.dir.path().join("get-token");
+    std::fs::write(&plugin, "#!/bin/sh\nexec sleep 600\n").expect("plugin");
+    std::fs::set_permissions(&plugin, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let kubeconfig = host.dir.path().join("exec-kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: http://{}\n\
+             contexts:\n- name: test\n  context:\n    cluster: test\n    user: test\ncurrent-context: test\n\
+             users:\n- name: test\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1beta1\n\
+             \x20     command: {}\n      interactiveMode: Never\n",
+            api.addr,
+            plugin.display()
+        ),
+    )
+    .expect("kubeconfig");
+    let config = host.config(&format!(
+        "node_name = \"{NODE}\"\n[kubernetes]\nkubeconfig = {kubeconfig:?}\ntimeout = \"1s\"\n"
+    ));
+    let agent = Agent::start(&config, &host.socket());
+    agent.wait_for(Duration::from_secs(10), |s| {
+        s["sinks"].as_array().is_some_and(|a| {
+            a.iter().any(|x| {
+                x["sink"] == "kubernetes"
+                    && x["state"] == "failed"
+                    && x["reason"]
+                        .as_str()
+                        .is_some_and(|r| r.contains("exec credential plugin"))
+            })
+        })
+    });
+    assert!(agent.stop().success());
+    // The hung plugin is the daemon's child: gone with it or left to the test's end.
+    let _ = std::process::Command::new("pkill")
+        .args(["-f", &plugin.to_string_lossy()])
+        .status();
+}
+
 /// Issue 20, seen from outside: with a far scheduled maintenance pending, a later Spot notice
 /// left InterruptionPending False with the maintenance message (the pending end was the one
 /// with the earliest deadline, not the one acted on first). The heartbeat here is the

@@ -367,3 +367,38 @@ fn a_milder_later_nvlink5_line_never_downgrades_a_latched_fatal_fault() {
     );
     assert!(agent.stop().success());
 }
+
+/// Review 2026-12-03b L12: an NVML call that never returns (a driver hung on a GPU fallen off
+/// the bus) left the source `on` in `status` while nothing was looked at. Now the poll's
+/// watchdog shows it `failed` with how long it has been stuck, the faults NVML saw stay, and
+/// the source is back `on` when the call returns.
+#[test]
+fn a_hung_nvml_poll_shows_the_source_failed_and_keeps_its_faults() {
+    let host = Host::new();
+    let sick = NvmlScenario::healthy().gpu(3, "remap.pending = true");
+    let agent = host.start_with_nvml(&sick, "");
+    agent.wait_for(WAIT, |s| !nvml_faults(s, &host).is_empty());
+    let nvml_state = |s: &Value| {
+        s["sources"]
+            .as_array()
+            .and_then(|a| a.iter().find(|x| x["source"] == "nvml").cloned())
+            .unwrap_or(Value::Null)
+    };
+    sick.clone().gpu(3, "hangs = [\"pcie\"]").write(&host);
+    let s = agent.wait_for(Duration::from_secs(15), |s| {
+        nvml_state(s)["state"] == "failed"
+    });
+    assert!(
+        nvml_state(&s)["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("has not returned")),
+        "{}",
+        nvml_state(&s)
+    );
+    assert_eq!(nvml_faults(&s, &host).len(), 1, "the fault is kept: {s}");
+    NvmlScenario::healthy().write(&host);
+    agent.wait_for(WAIT, |s| {
+        nvml_state(s)["state"] == "on" && nvml_faults(s, &host).is_empty()
+    });
+    assert!(agent.stop().success());
+}

@@ -238,7 +238,8 @@ pub struct Ec2Config {
     pub enabled: bool,
     /// Endpoint override (tests); empty: the region's endpoint.
     pub endpoint: String,
-    /// How often to re-read the reservation.
+    /// How often to re-read the reservation; one lookup (IMDS, credentials, both EC2 calls)
+    /// is cut off after this, or a minute if that is shorter.
     pub poll_interval: HumanDuration<SECOND, DAY>,
 }
 
@@ -353,7 +354,8 @@ pub struct KubernetesConfig {
     /// Record warning and fatal faults as Node Events.
     pub events: bool,
     /// Time limit for every API call: connecting, each read and write, and the whole call. A
-    /// server that accepts and never answers shows as the sink `failed` after this.
+    /// server that accepts and never answers shows as the sink `failed` after this. Building
+    /// the client (the kubeconfig's exec credential plugin included) gets three times this.
     pub timeout: HumanDuration<{ 100 * MS }, { 5 * MINUTE }>,
     /// nodeadm's kubelet environment file, whose `NODEADM_KUBELET_ARGS` carries the
     /// kubelet's `--hostname-override` before the kubelet runs (a hint: the running kubelet's

@@ -46,10 +46,20 @@ fn mig_handle(device: nvmlDevice_t) -> Option<(nvmlDevice_t, usize)> {
 
 /// Run `f` on GPU `device` for API `api`, translating the scenario's failure modes.
 fn with_gpu(device: nvmlDevice_t, api: &str, f: impl FnOnce(&Gpu) -> nvmlReturn_t) -> nvmlReturn_t {
-    let Some(scenario) = scenario::current() else {
+    let index = (device as usize).wrapping_sub(1);
+    let mut scenario = scenario::current();
+    // A hung call returns only once the test takes the hang out of the scenario.
+    while scenario
+        .as_ref()
+        .and_then(|s| s.visible().nth(index))
+        .is_some_and(|g| g.hangs.iter().any(|a| a == api))
+    {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        scenario = scenario::refreshed();
+    }
+    let Some(scenario) = scenario else {
         return UNINITIALIZED;
     };
-    let index = (device as usize).wrapping_sub(1);
     let Some(gpu) = scenario.visible().nth(index) else {
         return INVALID;
     };

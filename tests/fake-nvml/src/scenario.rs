@@ -69,6 +69,9 @@ pub struct Gpu {
     /// API names (as for `not_supported`) that fail with `NVML_ERROR_UNKNOWN`: a driver call
     /// failing on this GPU only.
     pub errors: Vec<String>,
+    /// API names (as for `not_supported`) whose calls block until the scenario file no
+    /// longer lists them: a driver hung on this GPU (seen after an Xid 79).
+    pub hangs: Vec<String>,
     pub ecc: Ecc,
     pub remap: Remap,
     pub retired_pages_pending: bool,

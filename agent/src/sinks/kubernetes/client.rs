@@ -138,11 +138,32 @@ impl ApiError {
     }
 }
 
+/// How many call time limits building a client may take: reading the kubeconfig and running
+/// its exec credential plugin (`aws eks get-token` takes a second or two; a plugin that hangs
+/// must not hold the client, which every sink waits on, for ever).
+const CONNECT_LIMITS: u32 = 3;
+
 /// Connect: the kubeconfig at `path` if it exists, else in-cluster config when running in
-/// a pod, else [`ApiError::NotConfigured`]. `timeout` limits connecting and each read and
-/// write. The client is built on the blocking pool: building it runs the kubeconfig's exec
-/// credential plugin, a blocking process call.
+/// a pod, else [`ApiError::NotConfigured`]. `timeout` limits each read and write, and three
+/// of it the whole of connecting. The client is built on the blocking pool: building it
+/// runs the kubeconfig's exec credential plugin, a blocking process call.
 pub async fn connect(path: &Path, timeout: Duration) -> Result<Client, ApiError> {
+    let limit = timeout.saturating_mul(CONNECT_LIMITS);
+    tokio::time::timeout(limit, build(path, timeout))
+        .await
+        .unwrap_or_else(|_| {
+            Err(ApiError::Config {
+                path: path.display().to_string(),
+                reason: format!(
+                    "building the client (the exec credential plugin included) did not finish \
+                     within {}",
+                    humantime::format_duration(limit)
+                ),
+            })
+        })
+}
+
+async fn build(path: &Path, timeout: Duration) -> Result<Client, ApiError> {
     let shown = path.display().to_string();
     let config_err = |reason: String| ApiError::Config {
         path: shown.clone(),

@@ -18,6 +18,9 @@ use crate::shutdown::Shutdown;
 /// EC2 begins terminating a Capacity Block's instances this long before its end.
 pub const TERMINATION_LEAD: Duration = Duration::from_secs(30 * 60);
 
+/// The longest one lookup may take.
+const LOOKUP_LIMIT: Duration = Duration::from_secs(60);
+
 /// What the source needs.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -52,6 +55,9 @@ pub enum CapacityError {
         /// EC2's message.
         message: String,
     },
+    /// The whole lookup (IMDS, credentials, both EC2 calls) did not finish in time.
+    #[error("no answer within {}: IMDS or the EC2 endpoint is not answering", humantime::format_duration(*.0))]
+    TimedOut(Duration),
     /// Any other EC2 failure.
     #[error("ec2:{action}: {reason}")]
     Ec2 {
@@ -202,8 +208,14 @@ pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown
     }
     let mut last_error: Option<String> = None;
     let mut last: Option<Vec<Notice>> = None;
+    // One lookup never outlasts the interval between lookups (nor a minute): an endpoint
+    // that accepts and never answers shows as the source failed.
+    let limit = settings.poll_interval.min(LOOKUP_LIMIT);
     loop {
-        match lookup(&settings).await {
+        let looked_up = tokio::time::timeout(limit, lookup(&settings))
+            .await
+            .unwrap_or(Err(CapacityError::TimedOut(limit)));
+        match looked_up {
             Ok(notice) => {
                 if last_error.take().is_some() || last.is_none() {
                     let _ = tx.send(state(SourceState::On)).await;

@@ -14,6 +14,7 @@ pub mod events;
 mod expected;
 mod probe;
 mod raw;
+mod watchdog;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
@@ -280,9 +281,25 @@ fn run(settings: Settings, tx: &mpsc::Sender<Observation>) {
     if let Err(e) = events::spawn(std::sync::Arc::clone(&nvml), branch, tx.clone()) {
         tracing::warn!(error = %e, "Cannot start the NVML events thread.");
     }
+    let watch = std::sync::Arc::new(watchdog::Watch::default());
+    if let Err(e) = watchdog::spawn(
+        std::sync::Arc::clone(&watch),
+        settings.poll_interval,
+        tx.clone(),
+    ) {
+        tracing::warn!(error = %e, "Cannot start the NVML watchdog thread; a hung poll will not show.");
+    }
     let mut poller = Poller::new(settings.clone());
     loop {
-        for observation in poller.poll(&nvml) {
+        watch.start();
+        let observations = poller.poll(&nvml);
+        if watch.end() {
+            tracing::info!("The NVML poll returned; the source is back on.");
+            if !send(Observation::Source(SourceKind::Nvml, SourceState::On)) {
+                return;
+            }
+        }
+        for observation in observations {
             if !send(observation) {
                 return;
             }
