@@ -533,3 +533,26 @@ fn a_failed_read_keeps_the_faults_latched_on_that_gpu() {
     });
     assert!(agent.stop().success());
 }
+
+/// Review 2026-12-03b L8: one call failing on every poll (here the DRAM/SRAM split, which
+/// some GPU and driver pairs refuse) made the whole GPU "partially read", so its other NVML
+/// faults could never clear: a `remap-pending` fixed by the GPU reset the agent recommends
+/// stayed fatal until the next boot. Only the faults judged from the failed call are kept.
+#[test]
+fn a_call_that_always_fails_pins_only_its_own_faults() {
+    let host = Host::new();
+    let refuses = r#"errors = ["memory_error_counter"]"#;
+    let agent = host.start_with_nvml(
+        &NvmlScenario::healthy().gpu(3, &format!("{refuses}\nremap.pending = true")),
+        "",
+    );
+    agent.wait_for(Duration::from_secs(5), |s| {
+        fault(s, &host, "remap-pending", None).is_some()
+    });
+    // The GPU was reset: no remap pending; the split still fails on every poll.
+    NvmlScenario::healthy().gpu(3, refuses).write(&host);
+    agent.wait_for(Duration::from_secs(5), |s| {
+        fault(s, &host, "remap-pending", None).is_none()
+    });
+    assert!(agent.stop().success());
+}

@@ -506,13 +506,13 @@ impl HealthModel {
     }
 
     /// A polling source's faults are conditions: present while the source sees them,
-    /// cleared when it stops. A condition seen again is not a new occurrence. A component
-    /// the source could not read in full (`partial`) keeps its faults.
+    /// cleared when it stops. A condition seen again is not a new occurrence. A fault the
+    /// source could not judge this time (`partial`: the call it comes from failed) is kept.
     fn replace_conditions(
         &mut self,
         source: SourceKind,
         reports: Vec<FaultReport>,
-        partial: &[Component],
+        partial: &[Key],
     ) -> bool {
         let keys: Vec<Key> = reports.iter().map(|r| (r.component, r.code)).collect();
         let gone: Vec<Key> = self
@@ -521,7 +521,7 @@ impl HealthModel {
             // Events (an Xid the source also reports as it happens) are occurrences, latched
             // like the kernel log's; only conditions clear when a poll no longer sees them.
             .filter(|(k, f)| f.source == source && !keys.contains(k) && !k.1.is_event())
-            .filter(|(k, _)| !partial.contains(&k.0))
+            .filter(|(k, _)| !partial.contains(k))
             .map(|(k, _)| *k)
             .collect();
         let mut changed = !gone.is_empty();

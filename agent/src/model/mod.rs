@@ -66,9 +66,9 @@ pub enum Observation {
         source: SourceKind,
         /// Every fault currently present.
         faults: Vec<FaultReport>,
-        /// Components whose reading was incomplete (a call failed): their faults stay as
-        /// they were, neither cleared nor newly judged absent.
-        partial: Vec<Component>,
+        /// Faults (component and code) that could not be judged because the call they come
+        /// from failed: they stay as they were, neither cleared nor newly judged absent.
+        partial: Vec<(Component, FaultCode)>,
         /// The GPUs enumerated, with identity and telemetry.
         gpus: Vec<GpuIdentity>,
         /// The driver version, if known.

@@ -136,36 +136,66 @@ pub fn evaluate(
     out
 }
 
-/// The GPUs whose reading was incomplete this poll (a call failed, not merely unsupported):
-/// their faults cannot be judged gone, so the core keeps them as they were.
-pub fn partially_read(readings: &[GpuReading], on_bus: &[PciAddress]) -> Vec<Component> {
-    let failed = |r: &GpuReading| {
-        let errs = [
-            r.ecc_enabled.as_ref().err(),
-            r.ecc_volatile.as_ref().err(),
-            r.ecc_aggregate.as_ref().err(),
-            r.ecc_volatile_dram.as_ref().err(),
-            r.ecc_volatile_sram.as_ref().err(),
-            r.retired_pending.as_ref().err(),
-            r.remap.as_ref().err(),
-            r.nvlink.as_ref().err(),
-            r.pcie.as_ref().err(),
-            r.clock_events.as_ref().err(),
-            r.recovery_action.as_ref().err(),
+/// The faults that could not be judged this poll because the call they come from failed
+/// (not merely unsupported): the core keeps them as they were, neither cleared nor newly
+/// judged absent. Only those: a call that fails on every poll (a permission, a memory
+/// location this GPU has not) never pins the faults the other calls judge.
+pub fn partially_read(
+    readings: &[GpuReading],
+    on_bus: &[PciAddress],
+) -> Vec<(Component, FaultCode)> {
+    fn failed<T>(read: &Result<T, Unread>) -> bool {
+        matches!(read, Err(Unread::Failed(_)))
+    }
+    let mut out = Vec::new();
+    for (r, pci) in readings.iter().zip(addresses(readings, on_bus)) {
+        let component = pci.map_or(Component::Node, |pci| Component::Gpu { pci });
+        let nvlink_unread =
+            failed(&r.nvlink) || r.nvlink.as_ref().is_ok_and(|n| !n.unread.is_empty());
+        // Each call, with the faults judged from it (the DRAM/SRAM split is detail only).
+        let calls: [(bool, &[FaultCode]); 9] = [
+            (failed(&r.ecc_enabled), &[FaultCode::EccDisabled]),
+            (
+                failed(&r.ecc_volatile),
+                // The lifetime count is a fault only when the volatile one is not.
+                &[
+                    FaultCode::EccUncorrectedVolatile,
+                    FaultCode::EccUncorrectedAggregate,
+                ],
+            ),
+            (
+                failed(&r.ecc_aggregate),
+                &[FaultCode::EccUncorrectedAggregate],
+            ),
+            (
+                failed(&r.retired_pending),
+                &[FaultCode::RetiredPagesPending],
+            ),
+            (
+                failed(&r.remap),
+                &[FaultCode::RemapFailure, FaultCode::RemapPending],
+            ),
+            (
+                nvlink_unread,
+                &[
+                    FaultCode::NvlinkDown,
+                    FaultCode::NvlinkInactive,
+                    FaultCode::NvlinkErrors,
+                ],
+            ),
+            (failed(&r.pcie), &[FaultCode::PcieDegraded]),
+            (failed(&r.clock_events), &[FaultCode::ClockSlowdown]),
+            (failed(&r.recovery_action), &[FaultCode::RecoveryAction]),
         ];
-        let unread_link = r.nvlink.as_ref().is_ok_and(|n| !n.unread.is_empty());
-        unread_link
-            || errs
-                .into_iter()
-                .flatten()
-                .any(|e| matches!(e, crate::sources::nvml::probe::Unread::Failed(_)))
-    };
-    readings
-        .iter()
-        .zip(addresses(readings, on_bus))
-        .filter(|(r, _)| failed(r))
-        .map(|(_, pci)| pci.map_or(Component::Node, |pci| Component::Gpu { pci }))
-        .collect()
+        for (_, codes) in calls.iter().filter(|(failed, _)| *failed) {
+            for code in *codes {
+                if !out.contains(&(component, *code)) {
+                    out.push((component, *code));
+                }
+            }
+        }
+    }
+    out
 }
 
 fn same(a: &PciAddress, b: &PciAddress) -> bool {
@@ -738,9 +768,14 @@ mod tests {
             nv.unread.push(3);
         }
         assert_eq!(poll(&[healthy(0), flaky.clone()], &mut rates), [inactive]);
+        let gpu1 = Component::Gpu { pci: pci(1) };
         assert_eq!(
             partially_read(&[healthy(0), flaky], &bus),
-            [Component::Gpu { pci: pci(1) }]
+            [
+                (gpu1, FaultCode::NvlinkDown),
+                (gpu1, FaultCode::NvlinkInactive),
+                (gpu1, FaultCode::NvlinkErrors)
+            ]
         );
         // GPU 0 drops out of enumeration (an agent restart: GPU 1 is NVML index 0 now):
         // GPU 1 is judged against its own links, not GPU 0's.
