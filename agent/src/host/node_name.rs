@@ -56,8 +56,10 @@ fn override_in<'a>(mut args: impl Iterator<Item = &'a str>) -> Option<String> {
 }
 
 /// The running kubelet's `--hostname-override`, from its command line in procfs. Only a
-/// process whose `comm` is `kubelet` has its command line read, each read bounded: a process
-/// stuck in the kernel (whose `cmdline` read would block) never stalls the resolution.
+/// process whose `comm` is `kubelet` and that runs on the host itself (the agent's PID
+/// namespace, the host's mount namespace) has its command line read, each read bounded: a
+/// process stuck in the kernel (whose `cmdline` read would block) never stalls the
+/// resolution.
 fn kubelet_hostname_override(procfs_root: &Path) -> Option<String> {
     let mut reader = super::proc_read::ProcReader::new(super::proc_read::DEFAULT_DEADLINE);
     for entry in std::fs::read_dir(procfs_root).ok()?.flatten() {
@@ -74,6 +76,13 @@ fn kubelet_hostname_override(procfs_root: &Path) -> Option<String> {
             }
         };
         if comm.trim_end() != "kubelet" {
+            continue;
+        }
+        // A kubelet in a container (kind, vcluster, a test rig) is another node's: only one
+        // in the agent's PID namespace and the host's mount namespace names this node.
+        let pid = name.to_str().and_then(|p| p.parse::<i32>().ok());
+        if let Err(foreign) = super::peer::on_host_in(procfs_root, pid) {
+            tracing::debug!(pid = ?pid, reason = %foreign, "A kubelet not on this host is not asked for the node name.");
             continue;
         }
         let cmdline = match reader.read(&entry.path().join("cmdline")) {
@@ -120,8 +129,21 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("1")).expect("pid 1");
         std::fs::write(dir.path().join("1/cmdline"), "/sbin/init\0").expect("cmdline");
         std::fs::write(dir.path().join("1/comm"), "systemd\n").expect("comm");
+        let ns = |who: &str, pid: &str, mnt: &str| {
+            let ns = dir.path().join(who).join("ns");
+            std::fs::create_dir_all(&ns).expect("ns");
+            std::os::unix::fs::symlink(pid, ns.join("pid")).expect("pid ns");
+            std::os::unix::fs::symlink(mnt, ns.join("mnt")).expect("mnt ns");
+        };
+        ns("self", "pid:[1]", "mnt:[10]");
+        ns("1", "pid:[1]", "mnt:[10]");
+        // A kubelet in a container (kind): another node's, whatever its PID.
+        ns("100", "pid:[2]", "mnt:[20]");
+        let container = ["/usr/bin/kubelet", "--hostname-override=kind-worker"];
+        std::fs::write(dir.path().join("100/cmdline"), container.join("\0")).expect("cmdline");
+        std::fs::write(dir.path().join("100/comm"), "kubelet\n").expect("comm");
         if let Some(args) = kubelet {
-            std::fs::create_dir_all(dir.path().join("4242")).expect("kubelet pid");
+            ns("4242", "pid:[1]", "mnt:[10]");
             std::fs::write(dir.path().join("4242/cmdline"), args.join("\0")).expect("cmdline");
             std::fs::write(dir.path().join("4242/comm"), "kubelet\n").expect("comm");
         }

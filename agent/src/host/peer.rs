@@ -42,7 +42,8 @@ pub fn on_host(pid: Option<i32>) -> Result<(), Foreign> {
     on_host_in(Path::new("/proc"), pid)
 }
 
-fn on_host_in(proc: &Path, pid: Option<i32>) -> Result<(), Foreign> {
+/// [`on_host`] with procfs at `proc` (`[procfs] root`, for a pid read from that procfs).
+pub fn on_host_in(proc: &Path, pid: Option<i32>) -> Result<(), Foreign> {
     let pid = pid.filter(|p| *p > 0).ok_or(Foreign::Unseen)?.to_string();
     if namespace(proc, &pid, "pid")? != namespace(proc, "self", "pid")? {
         return Err(Foreign::PidNamespace);
