@@ -48,8 +48,12 @@ class CheckpointOnSignal(pl.Callback):
             self.requested = False
             path = os.path.join(out, f"lightning-step{trainer.global_step}.ckpt")
             trainer.save_checkpoint(path)
-            with open(os.path.join(ack_dir, str(os.getpid())), "w") as ack:
-                ack.write(path + "\n")
+            try:
+                os.makedirs(ack_dir, exist_ok=True)
+                with open(os.path.join(ack_dir, str(os.getpid())), "w") as ack:
+                    ack.write(path + "\n")
+            except OSError as e:  # no ack directory: the agent counts the exit instead
+                print(f"cannot acknowledge the checkpoint: {e}", file=sys.stderr)
         if os.path.exists(os.path.join(out, "stop")):
             trainer.should_stop = True
         time.sleep(0.02)

@@ -197,7 +197,9 @@ struct Declarations {
     by_pod: ByPod,
     /// The pods (UIDs) holding GPUs (every declaring pod, when the kubelet cannot say).
     gpu_pods: Vec<String>,
-    /// The longest lead among the pods holding GPUs.
+    /// The longest lead among the pods holding GPUs (read from Kubernetes: unused in a
+    /// build without the clients).
+    #[cfg_attr(not(feature = "clients"), allow(dead_code))]
     lead: Option<crate::model::DeclaredLead>,
     read_at: Option<Instant>,
 }
