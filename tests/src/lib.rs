@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod ec2;
+pub mod efa;
 pub mod http;
 pub mod imds;
 pub mod kube_api;

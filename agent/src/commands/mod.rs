@@ -102,6 +102,24 @@ impl HostFacts {
         }
     }
 
+    /// EFA source settings.
+    pub fn efa_settings(config: &Config) -> crate::sources::efa::Settings {
+        let e = &config.efa;
+        crate::sources::efa::Settings {
+            sysfs_root: config.sysfs.root.clone(),
+            procfs_root: config.procfs.root.clone(),
+            poll_interval: e.poll_interval.0,
+            window: e.window.0,
+            startup_grace: e.startup_grace.0,
+            expected_devices: e.expected_devices,
+            thresholds: crate::sources::efa::Thresholds {
+                errors_warning: e.errors_warning_per_minute,
+                errors_fatal: e.errors_fatal_per_minute,
+                retrans_warning: e.retrans_warning_per_minute,
+            },
+        }
+    }
+
     /// NVML source settings.
     pub fn nvml_settings(config: &Config) -> crate::sources::nvml::Settings {
         crate::sources::nvml::Settings {

@@ -92,6 +92,19 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
             SourceState::Off("disabled by [nvml] enabled = false".into()),
         ));
     }
+    if config.efa.enabled {
+        model.apply(Observation::Source(SourceKind::Efa, SourceState::Starting));
+        tokio::spawn(crate::sources::efa::run(
+            HostFacts::efa_settings(&config),
+            tx.clone(),
+            shutdown.clone(),
+        ));
+    } else {
+        model.apply(Observation::Source(
+            SourceKind::Efa,
+            SourceState::Off("disabled by [efa] enabled = false".into()),
+        ));
+    }
     for (kind, enabled, section) in [
         (SourceKind::CapacityBlock, config.ec2.enabled, "ec2"),
         (SourceKind::Logind, config.logind.enabled, "logind"),
@@ -337,6 +350,7 @@ fn spawn_node_conditions(
             types: node_conditions::ConditionTypes {
                 hardware: k.hardware_condition.clone(),
                 interruption: k.interruption_condition.clone(),
+                network: k.network_condition.clone(),
             },
             debounce: k.debounce.0,
             heartbeat: k.heartbeat_interval.0,

@@ -86,6 +86,8 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// The NVML health source.
     pub nvml: NvmlConfig,
+    /// The EFA health source.
+    pub efa: EfaConfig,
     /// Node conditions and events.
     pub kubernetes: KubernetesConfig,
     /// Which pod holds which GPU (the kubelet's pod-resources API).
@@ -345,6 +347,9 @@ pub struct KubernetesConfig {
     pub hardware_condition: String,
     /// Condition type for a pending end of the instance.
     pub interruption_condition: String,
+    /// Condition type for the network fabric (EFA): `NetworkingReady`, which EKS node auto
+    /// repair acts on (replace after 30 min).
+    pub network_condition: String,
     /// The first change after a quiet window is written at once; changes within this long
     /// of a write are gathered into the next PATCH (at most 1s: changes must reach the API
     /// server within a second).
@@ -370,6 +375,7 @@ impl Default for KubernetesConfig {
             kubeconfig: PathBuf::from("/var/lib/kubelet/kubeconfig"),
             hardware_condition: "AcceleratedHardwareReady".into(),
             interruption_condition: "InterruptionPending".into(),
+            network_condition: "NetworkingReady".into(),
             debounce: HumanDuration(std::time::Duration::from_millis(100)),
             heartbeat_interval: HumanDuration(std::time::Duration::from_secs(60)),
             events: true,
@@ -406,6 +412,49 @@ impl Default for PodResourcesConfig {
             timeout: HumanDuration(std::time::Duration::from_secs(1)),
             cache_for: HumanDuration(std::time::Duration::from_secs(2)),
             resource_prefix: "nvidia.com/".into(),
+        }
+    }
+}
+
+/// `[efa]`: the Elastic Fabric Adapters' health, from sysfs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EfaConfig {
+    /// Watch the EFA devices (off by itself where there are none).
+    pub enabled: bool,
+    /// How often the devices are read.
+    pub poll_interval: HumanDuration<SECOND, HOUR>,
+    /// Counters are turned into rates over this window, and a fault outlives its evidence
+    /// by it (a link back up, rates under the limits, for a whole window).
+    pub window: HumanDuration<{ 10 * SECOND }, HOUR>,
+    /// From boot, how long fewer devices than expected are not a fault (EFA devices can
+    /// initialise late: seen on p5en).
+    pub startup_grace: HumanDuration<0, HOUR>,
+    /// EFA devices this node should have; 0: from the instance type (a type not in the
+    /// table: not checked). Set it where nodes are launched with fewer EFA interfaces than
+    /// the type allows.
+    pub expected_devices: u32,
+    /// An error counter (`rx_drops`, `rdma_read_wr_err`, `rdma_write_wr_err`,
+    /// `unresponsive_remote_events`, `impaired_remote_conn_events`, `retrans_timeout_events`)
+    /// rising faster than this per minute is a warning.
+    pub errors_warning_per_minute: f64,
+    /// ... and faster than this, fatal (`NetworkingReady=False`).
+    pub errors_fatal_per_minute: f64,
+    /// `retrans_pkts` rising faster than this per minute is a warning (never fatal).
+    pub retrans_warning_per_minute: f64,
+}
+
+impl Default for EfaConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            poll_interval: HumanDuration(std::time::Duration::from_secs(5)),
+            window: HumanDuration(std::time::Duration::from_secs(60)),
+            startup_grace: HumanDuration(std::time::Duration::from_secs(300)),
+            expected_devices: 0,
+            errors_warning_per_minute: 60.0,
+            errors_fatal_per_minute: 600.0,
+            retrans_warning_per_minute: 60_000.0,
         }
     }
 }
@@ -508,6 +557,7 @@ impl Default for Config {
             procfs: ProcfsConfig::default(),
             metrics: MetricsConfig::default(),
             nvml: NvmlConfig::default(),
+            efa: EfaConfig::default(),
             kubernetes: KubernetesConfig::default(),
             pod_resources: PodResourcesConfig::default(),
             kubelet: KubeletConfig::default(),
@@ -684,6 +734,7 @@ impl Config {
                 "kubernetes.interruption_condition",
                 &k.interruption_condition,
             ),
+            ("kubernetes.network_condition", &k.network_condition),
         ] {
             if value.is_empty() || !value.chars().all(|c| c.is_ascii_alphanumeric()) {
                 return Err(invalid(key, "must be a non-empty CamelCase condition type"));
@@ -693,6 +744,14 @@ impl Config {
             return Err(invalid(
                 "kubernetes.interruption_condition",
                 "must differ from hardware_condition",
+            ));
+        }
+        if k.network_condition == k.hardware_condition
+            || k.network_condition == k.interruption_condition
+        {
+            return Err(invalid(
+                "kubernetes.network_condition",
+                "must differ from hardware_condition and interruption_condition",
             ));
         }
         if !["auto", "nodeadm", "kubelet-drop-in"].contains(&self.kubelet.target.as_str()) {
@@ -719,6 +778,25 @@ impl Config {
         }
         if let Err(e) = glob::Pattern::new(&self.checkpoint.device_glob) {
             return Err(invalid("checkpoint.device_glob", &e.to_string()));
+        }
+        let e = &self.efa;
+        for (key, value) in [
+            ("efa.errors_warning_per_minute", e.errors_warning_per_minute),
+            ("efa.errors_fatal_per_minute", e.errors_fatal_per_minute),
+            (
+                "efa.retrans_warning_per_minute",
+                e.retrans_warning_per_minute,
+            ),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(invalid(key, "must be a number, 0 or more"));
+            }
+        }
+        if e.errors_fatal_per_minute < e.errors_warning_per_minute {
+            return Err(invalid(
+                "efa.errors_fatal_per_minute",
+                "must be at least errors_warning_per_minute",
+            ));
         }
         if self.escalate_after_repeats < 2 {
             return Err(invalid(

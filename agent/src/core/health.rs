@@ -53,6 +53,8 @@ pub struct HealthModel {
     /// Which GPU (UUID, else serial) NVML last saw in each slot, this boot or an earlier one:
     /// history stays with the hardware, not the slot.
     hardware: BTreeMap<String, String>,
+    /// The EFA devices as the `efa` source last found them.
+    efa: Vec<crate::model::EfaDevice>,
 }
 
 /// The latest occurrence of a fault, as first one path and then maybe the other saw it.
@@ -194,6 +196,7 @@ impl HealthModel {
             declared_lead: None,
             occurrences: HashMap::new(),
             hardware: BTreeMap::new(),
+            efa: Vec::new(),
         }
     }
 
@@ -492,13 +495,26 @@ impl HealthModel {
                 source,
                 faults,
                 partial,
-                gpus,
-                driver_version,
+                inventory,
             } => {
-                let mut changed = gpus != self.nvml_gpus || driver_version != self.driver_version;
-                changed |= self.follow_hardware(&gpus);
-                self.nvml_gpus = gpus;
-                self.driver_version = driver_version;
+                let mut changed = match inventory {
+                    crate::model::Inventory::Gpus {
+                        gpus,
+                        driver_version,
+                    } => {
+                        let mut changed =
+                            gpus != self.nvml_gpus || driver_version != self.driver_version;
+                        changed |= self.follow_hardware(&gpus);
+                        self.nvml_gpus = gpus;
+                        self.driver_version = driver_version;
+                        changed
+                    }
+                    crate::model::Inventory::Efa(devices) => {
+                        let changed = devices != self.efa;
+                        self.efa = devices;
+                        changed
+                    }
+                };
                 changed |= self.replace_conditions(source, faults, &partial);
                 changed
             }
@@ -856,6 +872,7 @@ impl HealthModel {
             },
             kmsg,
             driver_version: self.driver_version.clone(),
+            efa: self.efa.clone(),
             holders: None,
             updated_at: SystemTime::now(),
         }
@@ -1115,12 +1132,14 @@ mod tests {
             source: SourceKind::Nvml,
             faults: Vec::new(),
             partial: Vec::new(),
-            gpus: vec![GpuIdentity {
-                pci: Some(pci(address)),
-                uuid: Some(uuid.into()),
-                ..GpuIdentity::default()
-            }],
-            driver_version: None,
+            inventory: crate::model::Inventory::Gpus {
+                gpus: vec![GpuIdentity {
+                    pci: Some(pci(address)),
+                    uuid: Some(uuid.into()),
+                    ..GpuIdentity::default()
+                }],
+                driver_version: None,
+            },
         });
     }
 

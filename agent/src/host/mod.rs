@@ -2,6 +2,7 @@
 
 mod boot;
 mod dmi;
+pub mod instance_types;
 pub mod node_name;
 mod pci;
 pub mod peer;

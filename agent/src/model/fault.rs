@@ -49,6 +49,8 @@ pub enum SourceKind {
     CapacityBlock,
     /// systemd-logind (host shutdown).
     Logind,
+    /// The EFA devices (sysfs).
+    Efa,
 }
 
 /// The hardware a fault belongs to.
@@ -63,6 +65,11 @@ pub enum Component {
     /// An NVSwitch, by PCI address.
     Nvswitch {
         /// The switch's PCI address.
+        pci: PciAddress,
+    },
+    /// An EFA (Elastic Fabric Adapter) device, by PCI address.
+    Efa {
+        /// The device's PCI address.
         pci: PciAddress,
     },
     /// The node as a whole.
@@ -110,6 +117,14 @@ pub enum FaultCode {
     ClockSlowdown,
     /// The driver's own required recovery action (NVML, R565+) is not "none".
     RecoveryAction,
+    /// Fewer EFA devices than this instance type has, past the start-up grace.
+    EfaMissing,
+    /// An EFA device's network interface has no carrier (its link is down).
+    EfaLinkDown,
+    /// An EFA device's error counters are rising.
+    EfaErrors,
+    /// An EFA device's admin queue is failing (commands not completed, or in error).
+    EfaAdminErrors,
 }
 
 impl fmt::Display for FaultCode {
@@ -124,6 +139,15 @@ impl fmt::Display for FaultCode {
 }
 
 impl FaultCode {
+    /// A fault of the network fabric (EFA), which the networking condition carries, not the
+    /// accelerated-hardware one.
+    pub fn is_network(&self) -> bool {
+        matches!(
+            self,
+            Self::EfaMissing | Self::EfaLinkDown | Self::EfaErrors | Self::EfaAdminErrors
+        )
+    }
+
     /// An occurrence (an Xid, an SXid, the bus line), latched until cleared, rather than a
     /// condition a polling source reports while it lasts.
     pub fn is_event(&self) -> bool {
@@ -151,6 +175,10 @@ impl FaultCode {
             Self::PcieDegraded => "pcie-degraded",
             Self::ClockSlowdown => "clock-slowdown",
             Self::RecoveryAction => "recovery-action",
+            Self::EfaMissing => "efa-missing",
+            Self::EfaLinkDown => "efa-link-down",
+            Self::EfaErrors => "efa-errors",
+            Self::EfaAdminErrors => "efa-admin-errors",
         }
     }
 }
@@ -185,6 +213,7 @@ impl fmt::Display for SourceKind {
             Self::Imds => "imds",
             Self::CapacityBlock => "capacity-block",
             Self::Logind => "logind",
+            Self::Efa => "efa",
         })
     }
 }
@@ -267,6 +296,7 @@ impl Fault {
             (Component::Gpu { .. }, Some(index)) => format!("GPU {index} {}", self.code),
             (Component::Gpu { pci }, None) => format!("GPU {pci} {}", self.code),
             (Component::Nvswitch { pci }, _) => format!("NVSwitch {pci} {}", self.code),
+            (Component::Efa { pci }, _) => format!("EFA {pci} {}", self.code),
             (Component::Node, _) => format!("node {}", self.code),
         }
     }

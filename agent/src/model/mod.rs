@@ -3,6 +3,7 @@
 //! Nothing here depends on Kubernetes, AWS or NVML crates: sources translate what they read
 //! into these types, the core merges them, sinks render them.
 
+mod efa;
 mod fault;
 mod holder;
 mod node_name;
@@ -13,6 +14,7 @@ pub mod signal;
 mod snapshot;
 pub mod time;
 
+pub use efa::{EfaDevice, Inventory};
 pub use fault::{
     Action, Classification, Component, Fault, FaultCode, FaultReport, Severity, SourceKind,
 };
@@ -60,7 +62,7 @@ pub enum Observation {
     /// The Kubernetes sink resolved this node's name (shown by `status`).
     NodeName(NodeName),
     /// A polling source's complete view: these faults are all it sees now (faults it
-    /// reported before and not now have cleared), and these GPUs are what it enumerated.
+    /// reported before and not now have cleared), and what it enumerated.
     Poll {
         /// Which source.
         source: SourceKind,
@@ -69,9 +71,7 @@ pub enum Observation {
         /// Faults (component and code) that could not be judged because the call they come
         /// from failed: they stay as they were, neither cleared nor newly judged absent.
         partial: Vec<(Component, FaultCode)>,
-        /// The GPUs enumerated, with identity and telemetry.
-        gpus: Vec<GpuIdentity>,
-        /// The driver version, if known.
-        driver_version: Option<String>,
+        /// What it enumerated (the GPUs, the EFA devices).
+        inventory: Inventory,
     },
 }

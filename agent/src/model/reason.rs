@@ -30,6 +30,10 @@ pub fn reason(code: FaultCode, severity: Severity) -> String {
         FaultCode::PcieDegraded => "NvidiaPCIeError".into(),
         FaultCode::ClockSlowdown => "NvidiaClockSlowdown".into(),
         FaultCode::RecoveryAction => "NvidiaGPURecoveryAction".into(),
+        FaultCode::EfaMissing => "EFADeviceMissing".into(),
+        FaultCode::EfaLinkDown => "EFALinkDown".into(),
+        FaultCode::EfaErrors => format!("EFAErrorRate{level}"),
+        FaultCode::EfaAdminErrors => "EFAAdminQueueError".into(),
     }
 }
 

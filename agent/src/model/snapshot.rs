@@ -264,6 +264,9 @@ pub struct HealthSnapshot {
     pub kmsg: KmsgStats,
     /// NVIDIA driver version (from NVML), if known.
     pub driver_version: Option<String>,
+    /// The EFA devices the `efa` source found (empty: none, or the source is off).
+    #[serde(default)]
+    pub efa: Vec<super::EfaDevice>,
     /// The pod-resources lookup behind each GPU's `holders`; `None` in the core's snapshots
     /// and when the lookup is turned off.
     #[serde(default)]

@@ -5,6 +5,7 @@
 
 #[cfg(feature = "clients")]
 pub mod capacity_block;
+pub mod efa;
 pub mod imds;
 pub mod kmsg;
 #[cfg(feature = "clients")]

@@ -76,6 +76,38 @@ fn family<L: prometheus_client::encoding::EncodeLabelSet>(
     Ok(())
 }
 
+/// Per EFA device: each counter's rate and the link.
+fn efa(encoder: &mut DescriptorEncoder, s: &HealthSnapshot) -> std::fmt::Result {
+    use prometheus_client::metrics::MetricType::Gauge;
+    let mut rates = encoder.encode_descriptor(
+        "gpu_agent_efa_counter_rate_per_minute",
+        "How much each EFA counter rose over the [efa] window, per minute.",
+        None,
+        Gauge,
+    )?;
+    for d in &s.efa {
+        for (counter, rate) in &d.rates {
+            let labels = [("device", d.name.clone()), ("counter", counter.clone())];
+            ConstGauge::new(*rate).encode(rates.encode_family(&labels)?)?;
+        }
+    }
+    let links: Vec<([(&'static str, String); 1], u64)> = s
+        .efa
+        .iter()
+        .filter_map(|d| {
+            d.link_up
+                .map(|up| ([("device", d.name.clone())], u64::from(up)))
+        })
+        .collect();
+    family(
+        encoder,
+        "gpu_agent_efa_link_up",
+        "1 while the EFA device's network interface has carrier (devices with one only).",
+        Gauge,
+        &links,
+    )
+}
+
 /// Per-GPU NVML telemetry: ECC, remapped rows, NVLink, PCIe.
 fn telemetry(encoder: &mut DescriptorEncoder, s: &HealthSnapshot) -> std::fmt::Result {
     use prometheus_client::metrics::MetricType::{Counter, Gauge};
@@ -245,7 +277,12 @@ impl Collector for SnapshotCollector {
             .map(|f| {
                 let gpu = match (f.component, f.gpu_index) {
                     (_, Some(i)) => i.to_string(),
-                    (Component::Gpu { pci } | Component::Nvswitch { pci }, None) => pci.to_string(),
+                    (
+                        Component::Gpu { pci }
+                        | Component::Nvswitch { pci }
+                        | Component::Efa { pci },
+                        None,
+                    ) => pci.to_string(),
                     (Component::Node, None) => "node".to_string(),
                 };
                 [
@@ -255,6 +292,7 @@ impl Collector for SnapshotCollector {
                         match f.component {
                             Component::Gpu { .. } => "gpu",
                             Component::Nvswitch { .. } => "nvswitch",
+                            Component::Efa { .. } => "efa",
                             Component::Node => "node",
                         }
                         .to_string(),
@@ -331,7 +369,8 @@ impl Collector for SnapshotCollector {
             "Fault lines written by userspace (not the kernel, not a gpu-agent inject drill), ignored.",
             kmsg.records_ignored,
         )?;
-        telemetry(&mut encoder, &s)
+        telemetry(&mut encoder, &s)?;
+        efa(&mut encoder, &s)
     }
 }
 

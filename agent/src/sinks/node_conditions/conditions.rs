@@ -16,6 +16,8 @@ pub struct ConditionTypes {
     pub hardware: String,
     /// A pending end of the instance: `InterruptionPending`.
     pub interruption: String,
+    /// The network fabric (EFA): `NetworkingReady`.
+    pub network: String,
 }
 
 /// One condition as gpu-agent wants it.
@@ -33,10 +35,12 @@ pub struct Desired {
 
 /// The conditions for `snapshot` at `now`.
 pub fn desired(snapshot: &HealthSnapshot, types: &ConditionTypes, now: SystemTime) -> Vec<Desired> {
-    vec![
+    let mut out = vec![
         hardware(snapshot, &types.hardware),
         interruption(snapshot, &types.interruption, now),
-    ]
+    ];
+    out.extend(network(snapshot, &types.network));
+    out
 }
 
 /// When the conditions for `snapshot` change with time alone: a known end becoming due.
@@ -53,6 +57,7 @@ fn describe(f: &Fault) -> String {
         (Some(i), crate::model::Component::Gpu { pci }) => format!("GPU {i} ({pci})"),
         (_, crate::model::Component::Gpu { pci }) => format!("GPU {pci}"),
         (_, crate::model::Component::Nvswitch { pci }) => format!("NVSwitch {pci}"),
+        (_, crate::model::Component::Efa { pci }) => format!("EFA {pci}"),
         (_, crate::model::Component::Node) => "node".to_string(),
     };
     let why = f
@@ -69,7 +74,7 @@ fn hardware(snapshot: &HealthSnapshot, type_: &str) -> Desired {
     let fatal: Vec<&Fault> = snapshot
         .faults
         .iter()
-        .filter(|f| f.class.severity == Severity::Fatal)
+        .filter(|f| f.class.severity == Severity::Fatal && !f.code.is_network())
         .collect();
     match fatal.first() {
         Some(worst) => Desired {
@@ -91,6 +96,42 @@ fn hardware(snapshot: &HealthSnapshot, type_: &str) -> Desired {
             message: format!("{} GPUs, no fatal fault", snapshot.gpus.len()),
         },
     }
+}
+
+/// False on a fatal fault of the fabric (an EFA device missing, its link down, its admin
+/// queue failing, errors past the fatal rate); True otherwise, naming the devices watched.
+/// Written only on a node with EFA devices (or a fault of them): elsewhere the condition is
+/// not the agent's, and a True here would overwrite another writer's False (the EKS node
+/// monitoring agent's network checks).
+fn network(snapshot: &HealthSnapshot, type_: &str) -> Option<Desired> {
+    let fatal: Vec<&Fault> = snapshot
+        .faults
+        .iter()
+        .filter(|f| f.class.severity == Severity::Fatal && f.code.is_network())
+        .collect();
+    if snapshot.efa.is_empty() && !snapshot.faults.iter().any(|f| f.code.is_network()) {
+        return None;
+    }
+    Some(match fatal.first() {
+        Some(worst) => Desired {
+            type_: type_.to_string(),
+            status: "False",
+            reason: worst.reason(),
+            message: truncate(
+                &fatal
+                    .iter()
+                    .map(|f| format!("{}: {}", describe(f), f.detail))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            ),
+        },
+        None => Desired {
+            type_: type_.to_string(),
+            status: "True",
+            reason: "EFAIsReady".into(),
+            message: format!("{} EFA devices, no fatal fault", snapshot.efa.len()),
+        },
+    })
 }
 
 /// True only when the end is acted on: a Spot notice or a shutdown at once, scheduled
@@ -192,6 +233,7 @@ mod tests {
         ConditionTypes {
             hardware: "AcceleratedHardwareReady".into(),
             interruption: "InterruptionPending".into(),
+            network: "NetworkingReady".into(),
         }
     }
 

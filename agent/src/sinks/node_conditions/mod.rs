@@ -72,7 +72,8 @@ impl Writer {
         self.known.clear();
         for c in conditions {
             let type_ = c["type"].as_str().unwrap_or_default().to_string();
-            if type_ != self.settings.types.hardware && type_ != self.settings.types.interruption {
+            let t = &self.settings.types;
+            if type_ != t.hardware && type_ != t.interruption && type_ != t.network {
                 continue;
             }
             let transition = c["lastTransitionTime"]

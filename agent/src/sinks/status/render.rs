@@ -107,6 +107,45 @@ pub fn render(s: &HealthSnapshot) -> String {
         }
     }
 
+    if !s.efa.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n{:<12} {:<14} {:<5} {:<6} GPUS SERVED",
+            "EFA", "BUS ID", "NUMA", "LINK"
+        );
+    }
+    for d in &s.efa {
+        let link = match d.link_up {
+            Some(true) => "up",
+            Some(false) => "DOWN",
+            None => "-",
+        };
+        let gpus: Vec<String> = d
+            .gpus
+            .iter()
+            .map(|pci| {
+                s.gpus
+                    .iter()
+                    .find(|g| g.pci == *pci)
+                    .map_or_else(|| pci.to_string(), |g| g.index.to_string())
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "{:<12} {:<14} {:<5} {:<6} {}",
+            d.name,
+            d.pci.map_or_else(|| "-".to_string(), |p| p.to_string()),
+            d.numa_node
+                .map_or_else(|| "-".to_string(), |n| n.to_string()),
+            link,
+            if gpus.is_empty() {
+                "-".to_string()
+            } else {
+                gpus.join(",")
+            }
+        );
+    }
+
     if !s.faults.is_empty() {
         let _ = writeln!(
             out,
@@ -118,6 +157,7 @@ pub fn render(s: &HealthSnapshot) -> String {
                 (Component::Gpu { pci }, Some(i)) => format!("GPU {i} {pci}"),
                 (Component::Gpu { pci }, None) => format!("GPU {pci}"),
                 (Component::Nvswitch { pci }, _) => format!("NVSwitch {pci}"),
+                (Component::Efa { pci }, _) => format!("EFA {pci}"),
                 (Component::Node, _) => "node".to_string(),
             };
             let _ = writeln!(

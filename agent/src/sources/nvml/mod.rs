@@ -11,7 +11,6 @@
 
 mod checks;
 pub mod events;
-mod expected;
 mod probe;
 mod raw;
 mod watchdog;
@@ -22,8 +21,8 @@ use std::time::{Duration, Instant, SystemTime};
 use nvml_wrapper::Nvml;
 use tokio::sync::mpsc;
 
+pub use crate::host::instance_types::expected_gpus;
 pub use checks::{evaluate, Finding, Rates, NVLINK_ERRORS_PER_MINUTE};
-pub use expected::expected_gpus;
 pub use probe::{read_all, GpuReading};
 
 use crate::host;
@@ -199,8 +198,10 @@ impl Poller {
             source: SourceKind::Nvml,
             faults,
             partial,
-            gpus: readings.iter().map(identity).collect(),
-            driver_version: nvml.sys_driver_version().ok(),
+            inventory: crate::model::Inventory::Gpus {
+                gpus: readings.iter().map(identity).collect(),
+                driver_version: nvml.sys_driver_version().ok(),
+            },
         });
         out
     }

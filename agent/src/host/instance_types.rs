@@ -1,4 +1,4 @@
-//! How many GPUs this node should have.
+//! How many GPUs and EFA devices this node should have, by EC2 instance type.
 
 use std::path::Path;
 
@@ -12,67 +12,71 @@ use std::path::Path;
 /// them (`GpuInfo.Gpus[].Count`); the sizes in `shared/reference/instance-types.tsv`
 /// (Karpenter's generated instance-type reference) agree. p6e-gb200 instances are the 4-GPU
 /// slices of a GB200 NVL72 UltraServer.
-const INSTANCE_GPUS: &[(&str, u32)] = &[
+///
+/// The third column is the EFA devices (`EfaInfo.MaximumEfaInterfaces`, from the same
+/// reference, and `shared/reference/efa.md` for p6-b300 and p6e-gb200); `None` where no
+/// source read states it: the count is then not checked.
+const INSTANCE_GPUS: &[(&str, u32, Option<u32>)] = &[
     // Blackwell
-    ("p6-b300.48xlarge", 8),
-    ("p6-b200.48xlarge", 8),
-    ("p6e-gb200.36xlarge", 4),
+    ("p6-b300.48xlarge", 8, Some(16)),
+    ("p6-b200.48xlarge", 8, Some(8)),
+    ("p6e-gb200.36xlarge", 4, Some(4)),
     // Hopper
-    ("p5en.48xlarge", 8),
-    ("p5e.48xlarge", 8),
-    ("p5.48xlarge", 8),
-    ("p5.4xlarge", 1),
+    ("p5en.48xlarge", 8, Some(16)),
+    ("p5e.48xlarge", 8, Some(32)),
+    ("p5.48xlarge", 8, Some(32)),
+    ("p5.4xlarge", 1, Some(1)),
     // Ampere
-    ("p4de.24xlarge", 8),
-    ("p4d.24xlarge", 8),
+    ("p4de.24xlarge", 8, Some(4)),
+    ("p4d.24xlarge", 8, Some(4)),
     // Volta
-    ("p3dn.24xlarge", 8),
-    ("p3.16xlarge", 8),
-    ("p3.8xlarge", 4),
-    ("p3.2xlarge", 1),
+    ("p3dn.24xlarge", 8, Some(1)),
+    ("p3.16xlarge", 8, None),
+    ("p3.8xlarge", 4, None),
+    ("p3.2xlarge", 1, None),
     // L40S
-    ("g6e.48xlarge", 8),
-    ("g6e.24xlarge", 4),
-    ("g6e.12xlarge", 4),
-    ("g6e.16xlarge", 1),
-    ("g6e.8xlarge", 1),
-    ("g6e.4xlarge", 1),
-    ("g6e.2xlarge", 1),
-    ("g6e.xlarge", 1),
+    ("g6e.48xlarge", 8, Some(4)),
+    ("g6e.24xlarge", 4, None),
+    ("g6e.12xlarge", 4, None),
+    ("g6e.16xlarge", 1, None),
+    ("g6e.8xlarge", 1, None),
+    ("g6e.4xlarge", 1, None),
+    ("g6e.2xlarge", 1, None),
+    ("g6e.xlarge", 1, Some(0)),
     // L4
-    ("g6.48xlarge", 8),
-    ("g6.24xlarge", 4),
-    ("g6.12xlarge", 4),
-    ("g6.16xlarge", 1),
-    ("g6.8xlarge", 1),
-    ("g6.4xlarge", 1),
-    ("g6.2xlarge", 1),
-    ("g6.xlarge", 1),
-    ("gr6.8xlarge", 1),
-    ("gr6.4xlarge", 1),
+    ("g6.48xlarge", 8, Some(1)),
+    ("g6.24xlarge", 4, None),
+    ("g6.12xlarge", 4, None),
+    ("g6.16xlarge", 1, None),
+    ("g6.8xlarge", 1, None),
+    ("g6.4xlarge", 1, None),
+    ("g6.2xlarge", 1, None),
+    ("g6.xlarge", 1, Some(0)),
+    ("gr6.8xlarge", 1, None),
+    ("gr6.4xlarge", 1, None),
     // A10G
-    ("g5.48xlarge", 8),
-    ("g5.24xlarge", 4),
-    ("g5.12xlarge", 4),
-    ("g5.16xlarge", 1),
-    ("g5.8xlarge", 1),
-    ("g5.4xlarge", 1),
-    ("g5.2xlarge", 1),
-    ("g5.xlarge", 1),
+    ("g5.48xlarge", 8, Some(1)),
+    ("g5.24xlarge", 4, None),
+    ("g5.12xlarge", 4, None),
+    ("g5.16xlarge", 1, None),
+    ("g5.8xlarge", 1, None),
+    ("g5.4xlarge", 1, None),
+    ("g5.2xlarge", 1, None),
+    ("g5.xlarge", 1, Some(0)),
     // T4 (g5g: T4G with Graviton)
-    ("g4dn.metal", 8),
-    ("g4dn.12xlarge", 4),
-    ("g4dn.16xlarge", 1),
-    ("g4dn.8xlarge", 1),
-    ("g4dn.4xlarge", 1),
-    ("g4dn.2xlarge", 1),
-    ("g4dn.xlarge", 1),
-    ("g5g.metal", 2),
-    ("g5g.16xlarge", 2),
-    ("g5g.8xlarge", 1),
-    ("g5g.4xlarge", 1),
-    ("g5g.2xlarge", 1),
-    ("g5g.xlarge", 1),
+    ("g4dn.metal", 8, None),
+    ("g4dn.12xlarge", 4, Some(1)),
+    ("g4dn.16xlarge", 1, None),
+    ("g4dn.8xlarge", 1, None),
+    ("g4dn.4xlarge", 1, None),
+    ("g4dn.2xlarge", 1, None),
+    ("g4dn.xlarge", 1, None),
+    ("g5g.metal", 2, None),
+    ("g5g.16xlarge", 2, None),
+    ("g5g.8xlarge", 1, None),
+    ("g5g.4xlarge", 1, None),
+    ("g5g.2xlarge", 1, None),
+    ("g5g.xlarge", 1, None),
 ];
 
 /// Expected GPU count and where it came from: config, instance type, or the PCI bus.
@@ -81,7 +85,7 @@ pub fn expected_gpus(configured: u32, sysfs_root: &Path, on_bus: usize) -> (u32,
         return (configured, "[nvml] expected_gpus".into());
     }
     if let Some(t) = crate::host::instance_type(sysfs_root) {
-        if let Some((_, n)) = INSTANCE_GPUS.iter().find(|(name, _)| *name == t) {
+        if let Some((_, n, _)) = INSTANCE_GPUS.iter().find(|(name, _, _)| *name == t) {
             return (*n, format!("instance type {t}"));
         }
     }
@@ -89,6 +93,20 @@ pub fn expected_gpus(configured: u32, sysfs_root: &Path, on_bus: usize) -> (u32,
         u32::try_from(on_bus).unwrap_or(u32::MAX),
         "NVIDIA GPUs on the PCI bus".into(),
     )
+}
+
+/// Expected EFA devices and where the number came from: config, or the instance type;
+/// `None`: neither says (the count is not checked).
+pub fn expected_efa(configured: u32, sysfs_root: &Path) -> Option<(u32, String)> {
+    if configured > 0 {
+        return Some((configured, "[efa] expected_devices".into()));
+    }
+    let t = crate::host::instance_type(sysfs_root)?;
+    INSTANCE_GPUS
+        .iter()
+        .find(|(name, _, _)| *name == t)
+        .and_then(|(_, _, efa)| *efa)
+        .map(|n| (n, format!("instance type {t}")))
 }
 
 #[cfg(test)]
@@ -110,6 +128,11 @@ mod tests {
             expected_gpus(0, root.path(), 7),
             (8, "instance type p5.48xlarge".to_string())
         );
+        assert_eq!(
+            expected_efa(0, root.path()),
+            Some((32, "instance type p5.48xlarge".to_string()))
+        );
+        assert_eq!(expected_efa(16, root.path()).map(|e| e.0), Some(16));
     }
 
     /// Issue 22: a GPU missing from the bus is seen only where the type is known: every
@@ -132,14 +155,14 @@ mod tests {
             "p6e-gb200.",
         ] {
             assert!(
-                INSTANCE_GPUS.iter().any(|(t, _)| t.starts_with(family)),
+                INSTANCE_GPUS.iter().any(|(t, _, _)| t.starts_with(family)),
                 "no {family} type"
             );
         }
         for family in ["g5.", "g6.", "g6e."] {
             let sizes = INSTANCE_GPUS
                 .iter()
-                .filter(|(t, _)| t.starts_with(family))
+                .filter(|(t, _, _)| t.starts_with(family))
                 .count();
             assert_eq!(sizes, 8, "every {family} size");
         }
@@ -160,8 +183,12 @@ mod tests {
             ) else {
                 continue;
             };
-            if let Some((_, n)) = INSTANCE_GPUS.iter().find(|(name, _)| name == t) {
+            let efa = fields.get(7).and_then(|e| e.parse::<u32>().ok());
+            if let Some((_, n, e)) = INSTANCE_GPUS.iter().find(|(name, _, _)| name == t) {
                 assert_eq!(*n, gpus, "{t}");
+                if efa.is_some() {
+                    assert_eq!(*e, efa, "{t} EFA devices");
+                }
                 compared += 1;
             }
         }

@@ -1,0 +1,40 @@
+//! The EFA devices as the `efa` source found them, for `status` and metrics.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::PciAddress;
+
+/// One EFA device.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EfaDevice {
+    /// The RDMA device name (`rdmap79s0`).
+    pub name: String,
+    /// PCI address.
+    pub pci: Option<PciAddress>,
+    /// NUMA node.
+    pub numa_node: Option<u32>,
+    /// The network interfaces of the device (`device/net/*`); EFA-only interfaces have none.
+    pub netdevs: Vec<String>,
+    /// Whether the link is up (`carrier` of its interface); `None`: no interface to say.
+    pub link_up: Option<bool>,
+    /// The GPUs this device serves: behind the same PCIe switch, else on the same NUMA node.
+    pub gpus: Vec<PciAddress>,
+    /// Each error counter's rate over the source's window, per minute.
+    pub rates: BTreeMap<String, f64>,
+}
+
+/// What a polling source enumerated along with its faults.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Inventory {
+    /// NVML: the GPUs with identity and telemetry, and the driver version.
+    Gpus {
+        /// The GPUs enumerated.
+        gpus: Vec<super::GpuIdentity>,
+        /// The driver version, if known.
+        driver_version: Option<String>,
+    },
+    /// The EFA devices.
+    Efa(Vec<EfaDevice>),
+}

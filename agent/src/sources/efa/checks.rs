@@ -1,0 +1,260 @@
+//! What the EFA devices' state means (pure). Every finding carries the device and the
+//! evidence.
+//!
+//! | evidence | code | severity | action |
+//! |---|---|---|---|
+//! | fewer devices than the instance type has, past the start-up grace | `efa-missing` | fatal | reboot |
+//! | the device's interface has no carrier | `efa-link-down` | fatal | reboot |
+//! | admin commands never completed (`no_completion_cmds` rising) | `efa-admin-errors` | fatal | reboot |
+//! | admin commands in error (`cmds_err` rising) | `efa-admin-errors` | warning | none |
+//! | an error counter rising past the fatal rate | `efa-errors` | fatal | reboot |
+//! | an error counter, or `retrans_pkts`, rising past the warning rate | `efa-errors` | warning | none |
+
+use std::collections::BTreeMap;
+
+use crate::model::{Action, Classification, Component, FaultCode, Severity};
+
+/// The per-port counters AWS names as EFA degradation indicators ("Monitor an EFA").
+pub const ERROR_COUNTERS: &[&str] = &[
+    "rx_drops",
+    "rdma_read_wr_err",
+    "rdma_write_wr_err",
+    "unresponsive_remote_events",
+    "impaired_remote_conn_events",
+    "retrans_timeout_events",
+];
+/// Retransmitted packets: normal in small numbers on a busy fabric; only a warning.
+pub const RETRANS: &str = "retrans_pkts";
+/// Admin commands the device never completed (the device is not answering its driver).
+pub const NO_COMPLETION: &str = "no_completion_cmds";
+/// Admin commands that completed in error.
+pub const CMDS_ERR: &str = "cmds_err";
+
+/// Rates (per minute, over the window) past which a counter is a fault.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Thresholds {
+    /// An error counter past this is a warning.
+    pub errors_warning: f64,
+    /// An error counter past this is fatal.
+    pub errors_fatal: f64,
+    /// `retrans_pkts` past this is a warning.
+    pub retrans_warning: f64,
+}
+
+/// One device as this poll sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Seen {
+    /// RDMA device name.
+    pub name: String,
+    /// Where its faults belong.
+    pub component: Component,
+    /// Link up; `None`: no interface to say.
+    pub link_up: Option<bool>,
+    /// Each counter's rise over the window, per minute.
+    pub rates: BTreeMap<String, f64>,
+}
+
+/// One fault found by a poll.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finding {
+    /// Where.
+    pub component: Component,
+    /// What.
+    pub code: FaultCode,
+    /// Our verdict.
+    pub class: Classification,
+    /// The evidence.
+    pub detail: String,
+}
+
+fn finding(
+    component: Component,
+    code: FaultCode,
+    (severity, action): (Severity, Action),
+    name: &str,
+    detail: String,
+) -> Finding {
+    Finding {
+        component,
+        code,
+        class: Classification {
+            name: name.to_string(),
+            description: detail.clone(),
+            nvidia_action: String::new(),
+            severity,
+            action,
+        },
+        detail,
+    }
+}
+
+const FATAL: (Severity, Action) = (Severity::Fatal, Action::Reboot);
+const WARNING: (Severity, Action) = (Severity::Warning, Action::None);
+
+/// Judge one poll. `expected` is how many devices the node should have (with where that
+/// came from), checked only once `settled` (the start-up grace is over).
+pub fn evaluate(
+    devices: &[Seen],
+    expected: Option<&(u32, String)>,
+    settled: bool,
+    limits: &Thresholds,
+) -> Vec<Finding> {
+    let mut out = Vec::new();
+    if let Some((want, from)) = expected {
+        let have = u32::try_from(devices.len()).unwrap_or(u32::MAX);
+        if settled && have < *want {
+            out.push(finding(
+                Component::Node,
+                FaultCode::EfaMissing,
+                FATAL,
+                "EFA_DEVICE_MISSING",
+                format!("{have} of {want} EFA devices present ({from})"),
+            ));
+        }
+    }
+    for d in devices {
+        let name = &d.name;
+        if d.link_up == Some(false) {
+            out.push(finding(
+                d.component,
+                FaultCode::EfaLinkDown,
+                FATAL,
+                "EFA_LINK_DOWN",
+                format!("{name}: its network interface has no carrier"),
+            ));
+        }
+        let rate = |c: &str| d.rates.get(c).copied().unwrap_or(0.0);
+        if rate(NO_COMPLETION) > 0.0 {
+            out.push(finding(
+                d.component,
+                FaultCode::EfaAdminErrors,
+                FATAL,
+                "EFA_ADMIN_NO_COMPLETION",
+                format!(
+                    "{name}: admin commands not completed by the device ({:.0}/min)",
+                    rate(NO_COMPLETION)
+                ),
+            ));
+        } else if rate(CMDS_ERR) > 0.0 {
+            out.push(finding(
+                d.component,
+                FaultCode::EfaAdminErrors,
+                WARNING,
+                "EFA_ADMIN_CMD_ERRORS",
+                format!(
+                    "{name}: admin commands in error ({:.0}/min)",
+                    rate(CMDS_ERR)
+                ),
+            ));
+        }
+        let rising: Vec<(&str, f64)> = ERROR_COUNTERS
+            .iter()
+            .map(|c| (*c, rate(c)))
+            .filter(|(_, r)| *r > limits.errors_warning)
+            .collect();
+        let fatal = rising.iter().any(|(_, r)| *r > limits.errors_fatal);
+        let retrans = rate(RETRANS) > limits.retrans_warning;
+        if !rising.is_empty() || retrans {
+            let mut what: Vec<String> = rising
+                .iter()
+                .map(|(c, r)| format!("{c} {r:.0}/min"))
+                .collect();
+            if retrans {
+                what.push(format!("{RETRANS} {:.0}/min", rate(RETRANS)));
+            }
+            out.push(finding(
+                d.component,
+                FaultCode::EfaErrors,
+                if fatal { FATAL } else { WARNING },
+                if fatal {
+                    "EFA_ERROR_RATE_FATAL"
+                } else {
+                    "EFA_ERROR_RATE"
+                },
+                format!("{name}: errors rising: {}", what.join(", ")),
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: Thresholds = Thresholds {
+        errors_warning: 60.0,
+        errors_fatal: 600.0,
+        retrans_warning: 60_000.0,
+    };
+
+    fn seen(i: u8) -> Seen {
+        Seen {
+            name: format!("rdmap{i}s0"),
+            component: Component::Efa {
+                pci: format!("0000:{i:02x}:00.0").parse().expect("pci"),
+            },
+            link_up: Some(true),
+            rates: BTreeMap::new(),
+        }
+    }
+
+    fn codes(found: &[Finding]) -> Vec<(FaultCode, Severity)> {
+        found.iter().map(|f| (f.code, f.class.severity)).collect()
+    }
+
+    #[test]
+    fn a_missing_device_counts_only_after_the_grace() {
+        let devices: Vec<Seen> = (0..31).map(seen).collect();
+        let expected = (32, "instance type p5.48xlarge".to_string());
+        assert!(evaluate(&devices, Some(&expected), false, &LIMITS).is_empty());
+        let found = evaluate(&devices, Some(&expected), true, &LIMITS);
+        assert_eq!(codes(&found), [(FaultCode::EfaMissing, Severity::Fatal)]);
+        assert!(found[0].detail.contains("31 of 32"), "{}", found[0].detail);
+        assert!(
+            evaluate(&devices, None, true, &LIMITS).is_empty(),
+            "no count known"
+        );
+    }
+
+    #[test]
+    fn link_admin_queue_and_rates() {
+        let mut d = seen(1);
+        d.link_up = Some(false);
+        assert_eq!(
+            codes(&evaluate(&[d], None, true, &LIMITS)),
+            [(FaultCode::EfaLinkDown, Severity::Fatal)]
+        );
+        let mut d = seen(1);
+        d.link_up = None;
+        assert!(evaluate(&[d], None, true, &LIMITS).is_empty(), "EFA-only");
+        let mut d = seen(1);
+        d.rates.insert(CMDS_ERR.into(), 1.0);
+        assert_eq!(
+            codes(&evaluate(&[d.clone()], None, true, &LIMITS)),
+            [(FaultCode::EfaAdminErrors, Severity::Warning)]
+        );
+        d.rates.insert(NO_COMPLETION.into(), 1.0);
+        assert_eq!(
+            codes(&evaluate(&[d], None, true, &LIMITS)),
+            [(FaultCode::EfaAdminErrors, Severity::Fatal)]
+        );
+        for (rate, want) in [
+            (10.0, None),
+            (100.0, Some(Severity::Warning)),
+            (1_000.0, Some(Severity::Fatal)),
+        ] {
+            let mut d = seen(1);
+            d.rates.insert("unresponsive_remote_events".into(), rate);
+            let found = evaluate(&[d], None, true, &LIMITS);
+            assert_eq!(found.first().map(|f| f.class.severity), want, "{rate}");
+        }
+        let mut d = seen(1);
+        d.rates.insert(RETRANS.into(), 100_000.0);
+        assert_eq!(
+            codes(&evaluate(&[d], None, true, &LIMITS)),
+            [(FaultCode::EfaErrors, Severity::Warning)],
+            "retransmits never condemn"
+        );
+    }
+}

@@ -1,0 +1,80 @@
+//! Counters turned into rates: how much each counter rose over the last window, per minute.
+//! A counter that goes down was reset (a driver reload, a device reset): its history starts
+//! again from the new value, never a negative rate.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// The samples of every (device, counter) within the window.
+#[derive(Debug)]
+pub struct Rates {
+    window: Duration,
+    samples: BTreeMap<(String, String), VecDeque<(Instant, u64)>>,
+}
+
+impl Rates {
+    /// Rates over `window`.
+    pub fn new(window: Duration) -> Self {
+        Self {
+            window,
+            samples: BTreeMap::new(),
+        }
+    }
+
+    /// Record `value` of `device`'s `counter` at `at`; returns the rise over the window,
+    /// per minute of the window (the rise within the window is counted whole however
+    /// young the history: a burst at start-up is not stretched into a small rate, nor a
+    /// short history into a large one).
+    pub fn observe(&mut self, device: &str, counter: &str, value: u64, at: Instant) -> f64 {
+        let samples = self
+            .samples
+            .entry((device.to_string(), counter.to_string()))
+            .or_default();
+        if samples.back().is_some_and(|(_, last)| value < *last) {
+            samples.clear();
+        }
+        samples.push_back((at, value));
+        while samples
+            .front()
+            .is_some_and(|(t, _)| at.duration_since(*t) > self.window)
+            && samples.len() > 1
+        {
+            samples.pop_front();
+        }
+        let oldest = samples.front().map_or(value, |(_, v)| *v);
+        let minutes = self.window.as_secs_f64() / 60.0;
+        if minutes > 0.0 {
+            value.saturating_sub(oldest) as f64 / minutes
+        } else {
+            0.0
+        }
+    }
+
+    /// Forget devices no longer present.
+    pub fn retain(&mut self, devices: &[&str]) {
+        self.samples
+            .retain(|(device, _), _| devices.contains(&device.as_str()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rise_counts_over_the_window_and_a_reset_is_not_negative() {
+        let start = Instant::now();
+        let at = |s: u64| start + Duration::from_secs(s);
+        let mut r = Rates::new(Duration::from_secs(60));
+        assert_eq!(r.observe("d", "rx_drops", 1_000, at(0)), 0.0, "no history");
+        assert_eq!(r.observe("d", "rx_drops", 1_030, at(5)), 30.0);
+        assert_eq!(r.observe("d", "rx_drops", 1_060, at(30)), 60.0);
+        // Past the window, the oldest samples go.
+        assert_eq!(r.observe("d", "rx_drops", 1_060, at(100)), 0.0);
+        // The driver reloaded: the counter starts from 0.
+        assert_eq!(r.observe("d", "rx_drops", 3, at(105)), 0.0);
+        assert_eq!(r.observe("d", "rx_drops", 13, at(110)), 10.0);
+        r.retain(&[]);
+        assert_eq!(r.observe("d", "rx_drops", 500, at(115)), 0.0, "forgotten");
+    }
+}
