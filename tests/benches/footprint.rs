@@ -3,11 +3,12 @@
 //! what this machine lacks: the fake NVML library (8 GPUs x 18 NVLinks, polled every 10 s as
 //! by default), the test IMDS (polled every second), the test EC2 API, the test Kubernetes
 //! API server (conditions, heartbeat every minute), the test kubelet's pod-resources server
-//! (with the Kubernetes sink: eight pods, one per GPU) and a fake logind on a private D-Bus.
+//! (with the Kubernetes sink: eight pods, one per GPU), a fake logind on a private D-Bus, and
+//! a p5's 32 EFA devices in the fake sysfs (read every 5 s).
 //!
 //! `FOOTPRINT_CONFIG` picks fewer sources, to see what each costs: `kmsg` (the kernel log
 //! only), `kmsg+imds` (and IMDS polled every second), `kmsg+imds+kube` (and the Kubernetes
-//! sink), or `all` (default). Besides RSS and CPU it prints where the resident memory is, from
+//! sink), `...+efa` (the EFA devices), or `all` (default). Besides RSS and CPU it prints where the resident memory is, from
 //! `/proc/PID/smaps`: the binary's own pages, shared libraries, heap and other anonymous
 //! memory, stacks. The idle window starts after the daemon has handed start-up's pages back
 //! to the kernel (`page_out_after`, a minute; `FOOTPRINT_PAGE_OUT_AFTER` overrides it, "0s"
@@ -53,6 +54,12 @@ fn main() {
     NvmlScenario::healthy().write(&host);
     let which = std::env::var("FOOTPRINT_CONFIG").unwrap_or_else(|_| "all".into());
     let on = |part: &str| which == "all" || which.split('+').any(|p| p == part);
+    // A p5's 32 EFA devices, read every 5 s (without them the source turns itself off).
+    if on("efa") {
+        for i in 0..32 {
+            host.add_efa(i, None);
+        }
+    }
     let off = |section: &str| format!("[{section}]\nenabled = false\n");
     // FOOTPRINT_PAGE_OUT_AFTER overrides `page_out_after` ("0s": never, to compare).
     let page_out = std::env::var("FOOTPRINT_PAGE_OUT_AFTER")

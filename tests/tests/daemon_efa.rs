@@ -208,3 +208,41 @@ fn without_efa_devices_the_source_is_off_and_networking_ready_is_not_written() {
     assert!(api.condition(NODE, NET).is_none(), "not ours to write here");
     assert!(agent.stop().success());
 }
+
+/// The pods holding EFA devices (the kubelet's pod-resources: `vpc.amazonaws.com/efa`) get the
+/// Event of an EFA fault; a pod holding only a GPU does not.
+#[test]
+fn a_pod_holding_the_efa_device_gets_the_event() {
+    use gpu_agent_e2e::kubelet::Kubelet;
+    let veth = Veth::new();
+    let host = Host::new();
+    let dev = host.add_efa(0, Some(&veth.host));
+    let api = KubeApi::start(&[NODE]);
+    let kubelet = Kubelet::start(&host.kubelet_socket());
+    api.add_pod("ml", "train-0", "uid-train", NODE);
+    api.add_pod("ml", "infer-0", "uid-infer", NODE);
+    kubelet.assign("ml", "train-0", "trainer", "vpc.amazonaws.com/efa", &[&dev]);
+    kubelet.assign("ml", "infer-0", "server", "nvidia.com/gpu", &["0"]);
+    let agent = Agent::start(&config(&host, &api, ""), &host.socket());
+    agent.wait_for(Duration::from_secs(5), |s| s["efa"][0]["link_up"] == true);
+    veth.set_peer(false);
+    let on = |pod: &str| {
+        api.events()
+            .into_iter()
+            .filter(|e| e["involvedObject"]["kind"] == "Pod" && e["involvedObject"]["name"] == pod)
+            .collect::<Vec<_>>()
+    };
+    wait(Duration::from_secs(10), "the pod Event", || {
+        !on("train-0").is_empty()
+    });
+    let event = on("train-0").remove(0);
+    assert_eq!(event["reason"], "EFALinkDown");
+    let message = event["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&host.efa_pci(0)) && message.contains("container trainer"),
+        "{message}"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(on("infer-0").is_empty(), "a GPU-only pod gets no EFA Event");
+    assert!(agent.stop().success());
+}

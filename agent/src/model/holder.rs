@@ -43,6 +43,9 @@ pub struct Assignments {
     pub devices: Vec<Assignment>,
     /// DRA claims of NVIDIA drivers.
     pub dra: Vec<DraClaim>,
+    /// Device-plugin assignments of EFA devices (`vpc.amazonaws.com/efa`).
+    #[serde(default)]
+    pub efa: Vec<Assignment>,
 }
 
 /// A pod container holding a GPU, as `status` shows it.
@@ -125,6 +128,27 @@ impl Assignments {
         self.devices
             .iter()
             .filter(|a| resolve(&a.device_id, gpus) == Ok(pci))
+            .map(|a| GpuHolder {
+                namespace: a.namespace.clone(),
+                pod: a.pod.clone(),
+                container: a.container.clone(),
+                device_id: a.device_id.clone(),
+            })
+            .collect()
+    }
+
+    /// The containers holding EFA device `name` (`None`: a fault of the node's EFA as a
+    /// whole, such as a device missing). An ID that names no device this node has (the
+    /// device plugin's IDs are its own) cannot say which device it is: such a holder is
+    /// taken to use them all, as NCCL jobs on these nodes do.
+    pub fn efa_holders(&self, name: Option<&str>, devices: &[super::EfaDevice]) -> Vec<GpuHolder> {
+        let known = |id: &str| devices.iter().any(|d| d.name == id);
+        self.efa
+            .iter()
+            .filter(|a| match name {
+                Some(name) => a.device_id == name || !known(&a.device_id),
+                None => true,
+            })
             .map(|a| GpuHolder {
                 namespace: a.namespace.clone(),
                 pod: a.pod.clone(),
@@ -238,6 +262,7 @@ mod tests {
                 assign("d", "GPU-unknown".into()),
             ],
             dra: vec![],
+            efa: vec![],
         };
         let holders: Vec<String> = all
             .holders(gpus[3].pci, &gpus)
@@ -248,5 +273,36 @@ mod tests {
         assert!(all.holders(gpus[0].pci, &gpus).is_empty());
         assert_eq!(all.unresolved(&gpus).len(), 1);
         assert_eq!(all.gpus_of("ml", "c", "trainer", &gpus), [(1, gpus[1].pci)]);
+    }
+
+    #[test]
+    fn efa_holders_by_device_name_or_all_when_the_ids_name_none() {
+        let efa = |pod: &str, id: &str| Assignment {
+            namespace: "ml".into(),
+            pod: pod.into(),
+            container: "c".into(),
+            resource: "vpc.amazonaws.com/efa".into(),
+            device_id: id.into(),
+        };
+        let devices: Vec<crate::model::EfaDevice> = ["rdmap0s0", "rdmap1s0"]
+            .iter()
+            .map(|n| crate::model::EfaDevice {
+                name: (*n).into(),
+                ..Default::default()
+            })
+            .collect();
+        let named = Assignments {
+            efa: vec![efa("a", "rdmap0s0"), efa("b", "rdmap1s0")],
+            ..Assignments::default()
+        };
+        let pods = |h: Vec<GpuHolder>| h.into_iter().map(|h| h.pod).collect::<Vec<_>>();
+        assert_eq!(pods(named.efa_holders(Some("rdmap1s0"), &devices)), ["b"]);
+        assert_eq!(pods(named.efa_holders(None, &devices)), ["a", "b"]);
+        // The plugin's own IDs: which device is unknown, so the holder counts for each.
+        let opaque = Assignments {
+            efa: vec![efa("a", "efa0")],
+            ..Assignments::default()
+        };
+        assert_eq!(pods(opaque.efa_holders(Some("rdmap1s0"), &devices)), ["a"]);
     }
 }

@@ -1,6 +1,7 @@
 //! The pod-Events sink: a warning or fatal fault on a GPU becomes an Event on each pod
-//! holding that GPU (every time-sliced replica's pod, the MIG devices' pods), next to the
-//! Node Event it belongs to. The job's owners see why in `kubectl describe pod`.
+//! holding that GPU (every time-sliced replica's pod, the MIG devices' pods), and one on an
+//! EFA device on each pod holding EFA devices (`vpc.amazonaws.com/efa`), next to the Node
+//! Event it belongs to. The job's owners see why in `kubectl describe pod`.
 //!
 //! Nothing is asked while nothing happens: the kubelet (pod-resources `List`) and the API
 //! server (the pods' uids) are asked only when a GPU fault is new or its count grew. One
@@ -25,8 +26,9 @@ type Posted = HashMap<String, (u64, Instant)>;
 /// The containers holding a GPU, by pod `(namespace, name)`.
 type ByPod = BTreeMap<(String, String), Vec<GpuHolder>>;
 
-/// GPU faults that need their pod Events created or updated: on a GPU of this node's
-/// inventory (no other can be held by a pod here, so no other asks the kubelet).
+/// GPU and EFA faults that need their pod Events created or updated: on a GPU of this
+/// node's inventory (no other can be held by a pod here, so no other asks the kubelet), or of
+/// the EFA fabric.
 fn due<'a>(
     faults: &'a [Fault],
     gpus: &[GpuStatus],
@@ -35,9 +37,10 @@ fn due<'a>(
 ) -> Vec<&'a Fault> {
     faults
         .iter()
-        .filter(
-            |f| matches!(f.component, Component::Gpu { pci } if gpus.iter().any(|g| g.pci == pci)),
-        )
+        .filter(|f| {
+            f.code.is_network()
+                || matches!(f.component, Component::Gpu { pci } if gpus.iter().any(|g| g.pci == pci))
+        })
         .filter(|f| f.class.severity >= Severity::Warning)
         .filter(|f| match posted.get(&fault_key(f)) {
             None => true,
@@ -55,21 +58,24 @@ fn pod_event(
     holders: &[GpuHolder],
 ) -> (String, serde_json::Value) {
     let name = pod.event_name(&format!("{}|{}", fault_key(fault), pod.uid));
-    let pci = match fault.component {
-        Component::Gpu { pci } => pci.to_string(),
-        _ => String::new(),
+    let what = match fault.component {
+        Component::Gpu { pci } => {
+            let index = gpu.map_or_else(|| "?".to_string(), |g| g.index.to_string());
+            let uuid = gpu
+                .and_then(|g| g.nvml.as_ref())
+                .and_then(|n| n.uuid.as_deref())
+                .unwrap_or("uuid unknown");
+            format!("GPU {index} ({pci}, {uuid})")
+        }
+        Component::Efa { pci } => format!("EFA {pci}"),
+        _ => "EFA".to_string(),
     };
-    let index = gpu.map_or_else(|| "?".to_string(), |g| g.index.to_string());
-    let uuid = gpu
-        .and_then(|g| g.nvml.as_ref())
-        .and_then(|n| n.uuid.as_deref())
-        .unwrap_or("uuid unknown");
     let containers: Vec<String> = holders
         .iter()
         .map(|h| format!("{} ({})", h.container, h.device_id))
         .collect();
     let message = format!(
-        "GPU {index} ({pci}, {uuid}) held by container {}: {} {} ({}), action {}: {}; Node Event default/{}",
+        "{what} held by container {}: {} {} ({}), action {}: {}; Node Event default/{}",
         containers.join(", "),
         fault.code,
         fault.class.name,
@@ -108,11 +114,21 @@ impl Poster {
             self.lookup.assignments().await.map_err(|e| e.to_string())?;
         let mut work: Vec<(&Fault, ByPod)> = Vec::new();
         for f in faults {
-            let Component::Gpu { pci } = f.component else {
-                continue;
+            let holders = match f.component {
+                Component::Gpu { pci } => assignments.holders(pci, &snapshot.gpus),
+                Component::Efa { pci } => {
+                    let name = snapshot
+                        .efa
+                        .iter()
+                        .find(|d| d.pci == Some(pci))
+                        .map(|d| d.name.as_str());
+                    assignments.efa_holders(name.or(Some("")), &snapshot.efa)
+                }
+                _ if f.code.is_network() => assignments.efa_holders(None, &snapshot.efa),
+                _ => continue,
             };
             let mut by_pod = ByPod::new();
-            for h in assignments.holders(pci, &snapshot.gpus) {
+            for h in holders {
                 by_pod
                     .entry((h.namespace.clone(), h.pod.clone()))
                     .or_default()
@@ -158,7 +174,7 @@ impl Poster {
             };
             for (key, holders) in pods {
                 let Some(pod) = self.pods.get(key) else {
-                    tracing::info!(namespace = %key.0, pod = %key.1, "Pod holding a faulty GPU is gone from the API server; no Event.");
+                    tracing::info!(namespace = %key.0, pod = %key.1, "Pod holding a faulty device is gone from the API server; no Event.");
                     continue;
                 };
                 let (name, body) = pod_event(&node, fault, gpu, pod, holders);
@@ -170,7 +186,7 @@ impl Poster {
                     }
                     other => other?,
                 }
-                tracing::warn!(namespace = %pod.namespace, pod = %pod.name, fault = %fault.label(), "Fault posted on the pod holding the GPU.");
+                tracing::warn!(namespace = %pod.namespace, pod = %pod.name, fault = %fault.label(), "Fault posted on the pod holding the device.");
             }
         }
         Ok(())

@@ -244,11 +244,29 @@ fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
-/// Keep what concerns NVIDIA GPUs.
+/// The extended resource of the AWS EFA device plugin.
+const EFA_RESOURCE: &str = "vpc.amazonaws.com/efa";
+
+/// Keep what concerns NVIDIA GPUs, and the EFA devices.
 fn convert(response: proto::ListPodResourcesResponse, prefix: &str) -> Assignments {
     let mut out = Assignments::default();
     for pod in response.pod_resources {
         for container in pod.containers {
+            for devices in container
+                .devices
+                .iter()
+                .filter(|d| d.resource_name == EFA_RESOURCE)
+            {
+                for id in &devices.device_ids {
+                    out.efa.push(Assignment {
+                        namespace: pod.namespace.clone(),
+                        pod: pod.name.clone(),
+                        container: container.name.clone(),
+                        resource: devices.resource_name.clone(),
+                        device_id: id.clone(),
+                    });
+                }
+            }
             for devices in container
                 .devices
                 .iter()
@@ -289,7 +307,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keeps_nvidia_devices_and_dra_claims_only() {
+    fn keeps_nvidia_devices_dra_claims_and_efa_devices_only() {
         let response = proto::ListPodResourcesResponse {
             pod_resources: vec![proto::PodResources {
                 name: "train-0".into(),
@@ -325,6 +343,8 @@ mod tests {
         let out = convert(response, "nvidia.com/");
         let ids: Vec<&str> = out.devices.iter().map(|a| a.device_id.as_str()).collect();
         assert_eq!(ids, ["GPU-a", "GPU-b"]);
+        let efa: Vec<&str> = out.efa.iter().map(|a| a.device_id.as_str()).collect();
+        assert_eq!(efa, ["efa0"], "EFA devices are kept apart");
         assert_eq!(out.dra.len(), 1);
         assert_eq!(out.dra[0].device, "gpu-0");
     }

@@ -11,7 +11,7 @@
 //!
 //! [`Observation::Poll`]: crate::model::Observation::Poll
 
-mod checks;
+pub mod checks;
 mod rates;
 pub mod sysfs;
 
@@ -236,7 +236,7 @@ mod tests {
             first.as_slice(),
             [Observation::Source(SourceKind::Efa, SourceState::Off(_))]
         ));
-        sysfs::fake::device(root.path(), "rdmap0s0", "0000:10:00.0", 0);
+        sysfs::fake::device(root.path(), "rdmap0s0", "0000:10:00.0", 0).expect("device");
         let counter = root
             .path()
             .join("class/infiniband/rdmap0s0/ports/1/hw_counters/rx_drops");
@@ -246,7 +246,7 @@ mod tests {
             Observation::Source(SourceKind::Efa, SourceState::On)
         ));
         assert_eq!(faults(&second), [FaultCode::EfaMissing], "1 of 2");
-        sysfs::fake::device(root.path(), "rdmap1s0", "0000:11:00.0", 0);
+        sysfs::fake::device(root.path(), "rdmap1s0", "0000:11:00.0", 0).expect("device");
         std::fs::write(&counter, "700\n").expect("counter");
         let burst = faults(&p.poll(start + Duration::from_secs(2)));
         assert!(burst.contains(&FaultCode::EfaErrors), "{burst:?}");

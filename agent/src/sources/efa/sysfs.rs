@@ -157,37 +157,39 @@ pub fn nearby_gpus(
         .collect()
 }
 
-#[cfg(test)]
+/// A fake sysfs EFA device in the real layout, for tests and benchmarks.
 pub mod fake {
-    //! A fake sysfs EFA device in the real layout, for tests.
     use std::path::Path;
 
     /// Make `<root>/class/infiniband/<name>` for the Amazon function at `pci`
-    /// (`<root>/devices/pci0000:00/<pci>`), on NUMA node `numa`, every counter 0.
-    pub fn device(root: &Path, name: &str, pci: &str, numa: u32) {
+    /// (`<root>/devices/pci0000:00/<pci>`, bound to `efa`), on NUMA node `numa`, with AWS's
+    /// port counters and the admin-queue counters at 0.
+    pub fn device(root: &Path, name: &str, pci: &str, numa: u32) -> std::io::Result<()> {
+        use std::fs::{create_dir_all, write};
         let function = root.join("devices/pci0000:00").join(pci);
-        std::fs::create_dir_all(&function).expect("pci dir");
-        std::fs::write(function.join("vendor"), "0x1d0f\n").expect("vendor");
-        std::fs::write(function.join("numa_node"), format!("{numa}\n")).expect("numa");
-        std::fs::create_dir_all(root.join("bus/pci/drivers/efa")).expect("driver");
-        std::os::unix::fs::symlink(root.join("bus/pci/drivers/efa"), function.join("driver"))
-            .expect("driver link");
+        create_dir_all(&function)?;
+        write(function.join("vendor"), "0x1d0f\n")?;
+        write(function.join("numa_node"), format!("{numa}\n"))?;
+        create_dir_all(root.join("bus/pci/drivers/efa"))?;
+        std::os::unix::fs::symlink(root.join("bus/pci/drivers/efa"), function.join("driver"))?;
         let dev = root.join("class/infiniband").join(name);
-        std::fs::create_dir_all(dev.join("ports/1/hw_counters")).expect("ports");
-        std::fs::create_dir_all(dev.join("hw_counters")).expect("hw_counters");
-        std::os::unix::fs::symlink(&function, dev.join("device")).expect("device link");
-        std::fs::write(dev.join("ports/1/state"), "4: ACTIVE\n").expect("state");
+        create_dir_all(dev.join("ports/1/hw_counters"))?;
+        create_dir_all(dev.join("hw_counters"))?;
+        std::os::unix::fs::symlink(&function, dev.join("device"))?;
+        write(dev.join("ports/1/state"), "4: ACTIVE\n")?;
+        for counter in super::super::checks::ERROR_COUNTERS
+            .iter()
+            .chain(&[super::super::checks::RETRANS])
+        {
+            write(dev.join("ports/1/hw_counters").join(counter), "0\n")?;
+        }
         for counter in [
-            "rx_drops",
-            "rdma_read_wr_err",
-            "unresponsive_remote_events",
-            "retrans_pkts",
+            super::super::checks::NO_COMPLETION,
+            super::super::checks::CMDS_ERR,
         ] {
-            std::fs::write(dev.join("ports/1/hw_counters").join(counter), "0\n").expect("counter");
+            write(dev.join("hw_counters").join(counter), "0\n")?;
         }
-        for counter in ["no_completion_cmds", "cmds_err"] {
-            std::fs::write(dev.join("hw_counters").join(counter), "0\n").expect("counter");
-        }
+        Ok(())
     }
 }
 
@@ -198,8 +200,8 @@ mod tests {
     #[test]
     fn finds_efa_devices_their_counters_and_link_and_skips_others() {
         let root = tempfile::tempdir().expect("tempdir");
-        fake::device(root.path(), "rdmap79s0", "0000:4f:00.0", 0);
-        fake::device(root.path(), "rdmap80s0", "0000:50:00.0", 1);
+        fake::device(root.path(), "rdmap79s0", "0000:4f:00.0", 0).expect("device");
+        fake::device(root.path(), "rdmap80s0", "0000:50:00.0", 1).expect("device");
         // An mlx5 device: not Amazon's.
         let mlx = root.path().join("class/infiniband/mlx5_0/device");
         std::fs::create_dir_all(&mlx).expect("mlx");
