@@ -244,5 +244,45 @@ fn a_pod_holding_the_efa_device_gets_the_event() {
     );
     std::thread::sleep(Duration::from_millis(500));
     assert!(on("infer-0").is_empty(), "a GPU-only pod gets no EFA Event");
+    // `status` names the device, its link and the pod holding it.
+    let (_, text) = agent.status(false);
+    assert!(text.contains(&dev) && text.contains("DOWN"), "{text}");
+    assert!(text.contains("held by ml/train-0 (trainer)"), "{text}");
+    assert!(agent.stop().success());
+}
+
+/// The `efa` driver's own kernel-log line for a device that stopped answering its admin
+/// queue is a fatal EFA fault on that device (latched: the line is an occurrence).
+#[test]
+fn the_efa_drivers_admin_timeout_line_is_a_fatal_fault_on_that_device() {
+    let host = Host::new();
+    host.add_efa(0, None);
+    let api = KubeApi::start(&[NODE]);
+    let config = host.config(&format!(
+        "node_name = \"{NODE}\"\n[kubernetes]\nkubeconfig = {:?}\nheartbeat_interval = \"1s\"\n\
+         [efa]\npoll_interval = \"1s\"\nwindow = \"10s\"\n",
+        api.kubeconfig(host.dir.path())
+    ));
+    let agent = Agent::start(&config, &host.socket());
+    agent.wait_for_source_on(Duration::from_secs(5), "efa");
+    let pci = host.efa_pci(0);
+    gpu_agent_e2e::inject(&format!(
+        "efa {pci} rdmap0s0: The device didn't send any completion for admin cmd CREATE_QP(1) status 1 (id: 4, sq producer: 7, sq consumer: 6, cq consumer: 6)"
+    ));
+    let s = agent.wait_for(Duration::from_secs(5), |s| {
+        s["faults"].as_array().is_some_and(|a| {
+            a.iter().any(|f| {
+                f["code"]["type"] == "efa-driver-error" && f["component"]["pci"] == pci.as_str()
+            })
+        })
+    });
+    assert!(
+        efa_faults(&s).is_empty(),
+        "the line is the kernel log's, not the poll's: {}",
+        s["faults"]
+    );
+    wait(Duration::from_secs(10), "NetworkingReady False", || {
+        networking(&api) == Some(("False".into(), "EFADriverError".into()))
+    });
     assert!(agent.stop().success());
 }

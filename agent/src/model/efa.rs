@@ -23,6 +23,10 @@ pub struct EfaDevice {
     pub gpus: Vec<PciAddress>,
     /// Each error counter's rate over the source's window, per minute.
     pub rates: BTreeMap<String, f64>,
+    /// Pod containers holding it (the kubelet's pod-resources `List`); filled in when
+    /// `status` asks, empty in the core's snapshots.
+    #[serde(default)]
+    pub holders: Vec<super::GpuHolder>,
 }
 
 /// What a polling source enumerated along with its faults.

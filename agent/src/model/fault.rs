@@ -125,6 +125,9 @@ pub enum FaultCode {
     EfaErrors,
     /// An EFA device's admin queue is failing (commands not completed, or in error).
     EfaAdminErrors,
+    /// The `efa` driver logged a device failure (an admin command that never completed, the
+    /// admin queue closed, a device reset that failed).
+    EfaDriverError,
 }
 
 impl fmt::Display for FaultCode {
@@ -144,14 +147,21 @@ impl FaultCode {
     pub fn is_network(&self) -> bool {
         matches!(
             self,
-            Self::EfaMissing | Self::EfaLinkDown | Self::EfaErrors | Self::EfaAdminErrors
+            Self::EfaMissing
+                | Self::EfaLinkDown
+                | Self::EfaErrors
+                | Self::EfaAdminErrors
+                | Self::EfaDriverError
         )
     }
 
     /// An occurrence (an Xid, an SXid, the bus line), latched until cleared, rather than a
     /// condition a polling source reports while it lasts.
     pub fn is_event(&self) -> bool {
-        matches!(self, Self::Xid(_) | Self::Sxid(_) | Self::FallenOffBus)
+        matches!(
+            self,
+            Self::Xid(_) | Self::Sxid(_) | Self::FallenOffBus | Self::EfaDriverError
+        )
     }
 
     /// A stable kebab-case name (metric label, reason suffix).
@@ -179,6 +189,7 @@ impl FaultCode {
             Self::EfaLinkDown => "efa-link-down",
             Self::EfaErrors => "efa-errors",
             Self::EfaAdminErrors => "efa-admin-errors",
+            Self::EfaDriverError => "efa-driver-error",
         }
     }
 }

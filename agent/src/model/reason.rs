@@ -34,6 +34,7 @@ pub fn reason(code: FaultCode, severity: Severity) -> String {
         FaultCode::EfaLinkDown => "EFALinkDown".into(),
         FaultCode::EfaErrors => format!("EFAErrorRate{level}"),
         FaultCode::EfaAdminErrors => "EFAAdminQueueError".into(),
+        FaultCode::EfaDriverError => "EFADriverError".into(),
     }
 }
 

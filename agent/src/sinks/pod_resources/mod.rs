@@ -185,6 +185,10 @@ pub async fn fill(lookup: &Lookup, snapshot: &mut crate::model::HealthSnapshot) 
             for gpu in &mut snapshot.gpus {
                 gpu.holders = a.holders(gpu.pci, &known);
             }
+            let devices = snapshot.efa.clone();
+            for device in &mut snapshot.efa {
+                device.holders = a.efa_holders(Some(&device.name), &devices);
+            }
             view.unresolved = a.unresolved(&known);
             view.dra.clone_from(&a.dra);
         }

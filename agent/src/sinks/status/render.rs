@@ -144,6 +144,10 @@ pub fn render(s: &HealthSnapshot) -> String {
                 gpus.join(",")
             }
         );
+        if !d.holders.is_empty() {
+            let who: Vec<String> = d.holders.iter().map(ToString::to_string).collect();
+            let _ = writeln!(out, "             held by {}", who.join(", "));
+        }
     }
 
     if !s.faults.is_empty() {

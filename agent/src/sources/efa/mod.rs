@@ -51,6 +51,7 @@ pub struct Settings {
 #[derive(Debug)]
 pub struct Poller {
     settings: Settings,
+    devices: sysfs::Devices,
     rates: rates::Rates,
     grace_ends: SystemTime,
     /// Each finding's latest sighting: reported until a window passes without it.
@@ -64,6 +65,7 @@ impl Poller {
     pub fn new(settings: Settings) -> Self {
         let boot = crate::host::boot_time(&settings.procfs_root).unwrap_or_else(SystemTime::now);
         Self {
+            devices: sysfs::Devices::new(&settings.sysfs_root),
             rates: rates::Rates::new(settings.window),
             grace_ends: boot + settings.startup_grace,
             recent: BTreeMap::new(),
@@ -76,7 +78,7 @@ impl Poller {
     /// it changed, then one [`Observation::Poll`] (none while the host has no EFA device).
     pub fn poll(&mut self, now: Instant) -> Vec<Observation> {
         let root = &self.settings.sysfs_root;
-        let found = sysfs::scan(root);
+        let found = self.devices.read();
         let mut out = Vec::new();
         let state = if found.is_empty() && self.recent.is_empty() {
             SourceState::Off(format!(
@@ -98,7 +100,6 @@ impl Poller {
         if self.state != Some(SourceState::On) {
             return out;
         }
-        let gpus = crate::host::nvidia_devices(root).gpus;
         let names: Vec<&str> = found.iter().map(|d| d.name.as_str()).collect();
         self.rates.retain(&names);
         let mut seen = Vec::with_capacity(found.len());
@@ -125,8 +126,9 @@ impl Poller {
                 numa_node: d.numa_node,
                 netdevs: d.netdevs.clone(),
                 link_up: d.link_up,
-                gpus: sysfs::nearby_gpus(d, root, &gpus),
+                gpus: d.gpus.clone(),
                 rates,
+                holders: Vec::new(),
             });
         }
         let expected =

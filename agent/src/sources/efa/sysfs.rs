@@ -7,6 +7,7 @@
 //! (`device/net/*`), where it has one.
 
 use std::collections::BTreeMap;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use crate::model::PciAddress;
@@ -21,19 +22,30 @@ pub struct Found {
     pub name: String,
     /// PCI address (the `device` link's target).
     pub pci: Option<PciAddress>,
-    /// The resolved PCI device directory (its ancestors are the PCIe switch ports).
-    pub pci_path: Option<PathBuf>,
     /// NUMA node.
     pub numa_node: Option<u32>,
     /// Network interfaces (`device/net/*`).
     pub netdevs: Vec<String>,
-    /// Link up: `carrier` of the first interface that answers (else its `operstate` is
+    /// The GPUs it serves: behind the same PCIe switch, else on its NUMA node.
+    pub gpus: Vec<PciAddress>,
+    /// Link up: `carrier` of its first interface (else that interface's `operstate` is
     /// `up`); `None` without an interface.
     pub link_up: Option<bool>,
-    /// Counters: each port's `hw_counters/*` (summed over ports) and the device's own
-    /// `hw_counters/*` (admin queue), by file name.
+    /// The counters judged: each port's (summed over ports) and the device's own (admin
+    /// queue), by file name; a counter this device does not have is absent.
     pub counters: BTreeMap<String, u64>,
 }
+
+/// The port counters read (`ports/*/hw_counters/<name>`): the ones judged.
+fn port_counters() -> impl Iterator<Item = &'static str> {
+    super::checks::ERROR_COUNTERS
+        .iter()
+        .copied()
+        .chain([super::checks::RETRANS])
+}
+
+/// The device's own counters read (`hw_counters/<name>`: its admin queue).
+const DEVICE_COUNTERS: [&str; 2] = [super::checks::NO_COMPLETION, super::checks::CMDS_ERR];
 
 fn read(path: &Path) -> Option<String> {
     std::fs::read_to_string(path)
@@ -41,42 +53,94 @@ fn read(path: &Path) -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
-fn counters_in(dir: &Path, into: &mut BTreeMap<String, u64>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if let Some(value) = read(&entry.path()).and_then(|v| v.parse::<u64>().ok()) {
-            *into.entry(name).or_default() += value;
+/// Read an open sysfs attribute again from its start (sysfs renders it afresh at offset 0).
+fn reread(file: &File) -> std::io::Result<String> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 64];
+    let n = file.read_at(&mut buf, 0)?;
+    Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
+}
+
+/// A device with its changing files open.
+#[derive(Debug)]
+struct Open {
+    found: Found,
+    /// Counter name and its file (one per port for port counters).
+    counters: Vec<(&'static str, File)>,
+    /// The first interface's `carrier` and `operstate`.
+    link: Option<(File, File)>,
+}
+
+/// The EFA devices, opened once: their fixed attributes are read when the set of devices
+/// changes, their counter and link files kept open and re-read in place each poll (a poll
+/// of 32 devices is then about 300 reads and no path walks).
+#[derive(Debug)]
+pub struct Devices {
+    root: PathBuf,
+    names: Vec<String>,
+    open: Vec<Open>,
+    /// A read failed (a device reset or driver reload replaced the files): open again.
+    stale: bool,
+}
+
+impl Devices {
+    /// The EFA devices under `<sysfs_root>/class/infiniband`.
+    pub fn new(sysfs_root: &Path) -> Self {
+        Self {
+            root: sysfs_root.to_path_buf(),
+            names: Vec::new(),
+            open: Vec::new(),
+            stale: false,
         }
     }
-}
 
-/// The link of the first interface that says: `carrier` 1/0, else `operstate`.
-fn link(netdev: &Path) -> Option<bool> {
-    match read(&netdev.join("carrier")).as_deref() {
-        Some("1") => Some(true),
-        Some("0") => Some(false),
-        // Reading `carrier` of an interface that is administratively down fails (EINVAL).
-        _ => read(&netdev.join("operstate")).map(|s| s == "up"),
+    /// Every EFA device as it is now, sorted by name.
+    pub fn read(&mut self) -> Vec<Found> {
+        let class = self.root.join("class/infiniband");
+        let mut names: Vec<String> = std::fs::read_dir(&class)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        if names != self.names || self.stale {
+            let gpus = crate::host::nvidia_devices(&self.root).gpus;
+            self.open = names
+                .iter()
+                .filter_map(|name| open(&class.join(name), &self.root, &gpus))
+                .collect();
+            self.names = names;
+            self.stale = false;
+        }
+        let mut out = Vec::with_capacity(self.open.len());
+        for device in &self.open {
+            let mut found = device.found.clone();
+            for (name, file) in &device.counters {
+                match reread(file).map(|v| v.parse::<u64>()) {
+                    Ok(Ok(value)) => {
+                        *found.counters.entry((*name).to_string()).or_default() += value;
+                    }
+                    _ => self.stale = true,
+                }
+            }
+            found.link_up = device.link.as_ref().and_then(|(carrier, operstate)| {
+                match reread(carrier).as_deref() {
+                    Ok("1") => Some(true),
+                    Ok("0") => Some(false),
+                    // `carrier` of an interface that is administratively down fails (EINVAL).
+                    _ => reread(operstate).ok().map(|s| s == "up"),
+                }
+            });
+            out.push(found);
+        }
+        out
     }
 }
 
-/// Every EFA device under `<sysfs_root>/class/infiniband`, sorted by name.
-pub fn scan(sysfs_root: &Path) -> Vec<Found> {
-    let Ok(entries) = std::fs::read_dir(sysfs_root.join("class/infiniband")) else {
-        return Vec::new();
-    };
-    let mut found: Vec<Found> = entries
-        .flatten()
-        .filter_map(|entry| device(&entry.path()))
-        .collect();
-    found.sort_by(|a, b| a.name.cmp(&b.name));
-    found
-}
-
-fn device(dir: &Path) -> Option<Found> {
+fn open(dir: &Path, sysfs_root: &Path, gpus: &[crate::host::PciDevice]) -> Option<Open> {
     let pci_dir = dir.join("device");
     if read(&pci_dir.join("vendor")).as_deref() != Some(AMAZON_VENDOR) {
         return None;
@@ -101,29 +165,48 @@ fn device(dir: &Path) -> Option<Found> {
         })
         .unwrap_or_default();
     netdevs.sort();
-    let link_up = netdevs.iter().find_map(|(_, path)| link(path));
-    let mut counters = BTreeMap::new();
+    let link = netdevs.first().and_then(|(_, path)| {
+        Some((
+            File::open(path.join("carrier")).ok()?,
+            File::open(path.join("operstate")).ok()?,
+        ))
+    });
+    let mut counters = Vec::new();
     if let Ok(ports) = std::fs::read_dir(dir.join("ports")) {
         for port in ports.flatten() {
-            counters_in(&port.path().join("hw_counters"), &mut counters);
+            for name in port_counters() {
+                if let Ok(file) = File::open(port.path().join("hw_counters").join(name)) {
+                    counters.push((name, file));
+                }
+            }
         }
     }
-    counters_in(&dir.join("hw_counters"), &mut counters);
-    Some(Found {
-        name: dir.file_name()?.to_string_lossy().into_owned(),
-        pci,
-        pci_path,
-        numa_node,
-        netdevs: netdevs.into_iter().map(|(name, _)| name).collect(),
-        link_up,
+    for name in DEVICE_COUNTERS {
+        if let Ok(file) = File::open(dir.join("hw_counters").join(name)) {
+            counters.push((name, file));
+        }
+    }
+    let gpus = nearby_gpus(pci_path.as_deref(), numa_node, sysfs_root, gpus);
+    Some(Open {
+        found: Found {
+            name: dir.file_name()?.to_string_lossy().into_owned(),
+            pci,
+            numa_node,
+            netdevs: netdevs.into_iter().map(|(name, _)| name).collect(),
+            gpus,
+            link_up: None,
+            counters: BTreeMap::new(),
+        },
         counters,
+        link,
     })
 }
 
 /// The GPUs a device serves: those behind the same PCIe switch (the same upstream port two
 /// levels above both functions), else those on its NUMA node.
-pub fn nearby_gpus(
-    device: &Found,
+fn nearby_gpus(
+    pci_path: Option<&Path>,
+    numa_node: Option<u32>,
     sysfs_root: &Path,
     gpus: &[crate::host::PciDevice],
 ) -> Vec<PciAddress> {
@@ -136,7 +219,7 @@ pub fn nearby_gpus(
             .ok()
             .map(|_| upstream.to_path_buf())
     };
-    if let Some(ours) = device.pci_path.as_deref().and_then(switch) {
+    if let Some(ours) = pci_path.and_then(switch) {
         let same: Vec<PciAddress> = gpus
             .iter()
             .filter(|g| {
@@ -152,7 +235,7 @@ pub fn nearby_gpus(
         }
     }
     gpus.iter()
-        .filter(|g| g.numa_node.is_some() && g.numa_node == device.numa_node)
+        .filter(|g| g.numa_node.is_some() && g.numa_node == numa_node)
         .map(|g| g.pci)
         .collect()
 }
@@ -177,16 +260,10 @@ pub mod fake {
         create_dir_all(dev.join("hw_counters"))?;
         std::os::unix::fs::symlink(&function, dev.join("device"))?;
         write(dev.join("ports/1/state"), "4: ACTIVE\n")?;
-        for counter in super::super::checks::ERROR_COUNTERS
-            .iter()
-            .chain(&[super::super::checks::RETRANS])
-        {
+        for counter in super::port_counters() {
             write(dev.join("ports/1/hw_counters").join(counter), "0\n")?;
         }
-        for counter in [
-            super::super::checks::NO_COMPLETION,
-            super::super::checks::CMDS_ERR,
-        ] {
+        for counter in super::DEVICE_COUNTERS {
             write(dev.join("hw_counters").join(counter), "0\n")?;
         }
         Ok(())
@@ -215,7 +292,8 @@ mod tests {
         let net = root.path().join("devices/pci0000:00/0000:4f:00.0/net/eth1");
         std::fs::create_dir_all(&net).expect("net");
         std::fs::write(net.join("carrier"), "0\n").expect("carrier");
-        let found = scan(root.path());
+        std::fs::write(net.join("operstate"), "down\n").expect("operstate");
+        let found = Devices::new(root.path()).read();
         assert_eq!(found.len(), 2);
         assert_eq!(found[0].name, "rdmap79s0");
         assert_eq!(found[0].pci, "0000:4f:00.0".parse().ok());

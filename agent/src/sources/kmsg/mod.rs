@@ -309,6 +309,17 @@ fn report_line(
             FaultCode::Sxid(code),
             catalog::classify_sxid(code, fatal),
         ),
+        FaultLine::EfaDriver { pci, what } => (
+            Component::Efa { pci },
+            FaultCode::EfaDriverError,
+            crate::model::Classification {
+                name: what.to_string(),
+                description: "the efa driver reports the device failing".into(),
+                nvidia_action: String::new(),
+                severity: crate::model::Severity::Fatal,
+                action: crate::model::Action::Reboot,
+            },
+        ),
     };
     Some(FaultReport {
         component,

@@ -62,6 +62,48 @@ pub enum FaultLine<'a> {
         /// A follow-up line (`Severity ...`, `Data {...}`) detailing an event already reported.
         follow_up: bool,
     },
+    /// `efa <address>[ <ibdev>]: ...`: the EFA driver reporting a device failure.
+    EfaDriver {
+        /// The EFA device's PCI function.
+        pci: PciAddress,
+        /// What failed (`EFA_ADMIN_CMD_TIMEOUT`, ...).
+        what: &'static str,
+    },
+}
+
+/// What the `efa` driver logs when its device fails (efa_com.c), and our name for each. A
+/// command that completes in error is not here: userspace can cause that (the device's
+/// `cmds_err` counter carries it, as a warning).
+const EFA_FAILURES: &[(&str, &str)] = &[
+    (
+        "Wait for completion (polling) timeout",
+        "EFA_ADMIN_CMD_TIMEOUT",
+    ),
+    (
+        "didn't send any completion for admin cmd",
+        "EFA_ADMIN_CMD_TIMEOUT",
+    ),
+    (
+        "didn't receive any MSI-X interrupt for admin cmd",
+        "EFA_ADMIN_CMD_TIMEOUT",
+    ),
+    ("Admin queue is closed", "EFA_ADMIN_QUEUE_CLOSED"),
+    ("Reset indication didn't turn", "EFA_DEVICE_RESET_FAILED"),
+    (
+        "Device isn't ready, can't reset device",
+        "EFA_DEVICE_RESET_FAILED",
+    ),
+    ("Device isn't ready, abort com init", "EFA_DEVICE_NOT_READY"),
+];
+
+/// `<address>[ <ibdev>]: <text>` after `efa `: a device failure the driver names.
+fn parse_efa(rest: &str) -> Option<FaultLine<'_>> {
+    let (head, text) = rest.split_once(": ")?;
+    let pci = head.split_whitespace().next()?.parse::<PciAddress>().ok()?;
+    EFA_FAILURES
+        .iter()
+        .find(|(pattern, _)| text.contains(pattern))
+        .map(|(_, what)| FaultLine::EfaDriver { pci, what })
 }
 
 /// Recognise a fault line; `None` for anything else.
@@ -86,6 +128,9 @@ pub fn parse(message: &str) -> Option<FaultLine<'_>> {
             .contains(FALLEN_OFF)
             .then_some(FaultLine::FallenOffBusTail)
             .filter(|_| !names_an_address(rest));
+    }
+    if let Some(rest) = message.strip_prefix("efa ") {
+        return parse_efa(rest);
     }
     if let Some(rest) = message.strip_prefix("nvidia-nvswitch") {
         let rest = rest.trim_start_matches(|c: char| c.is_ascii_digit());
@@ -197,6 +242,35 @@ mod tests {
 
     fn pci(text: &str) -> PciAddress {
         text.parse().expect("valid address")
+    }
+
+    #[test]
+    fn efa_driver_failures_name_the_device_and_what_failed() {
+        let pci: PciAddress = "0000:10:1c.0".parse().expect("pci");
+        for (line, want) in [
+            (
+                "efa 0000:10:1c.0 rdmap16s28: The device didn't send any completion for admin cmd CREATE_QP(1) status 1 (id: 4, sq producer: 7, sq consumer: 6, cq consumer: 6)",
+                "EFA_ADMIN_CMD_TIMEOUT",
+            ),
+            ("efa 0000:10:1c.0: Admin queue is closed", "EFA_ADMIN_QUEUE_CLOSED"),
+            (
+                "efa 0000:10:1c.0: Reset indication didn't turn on",
+                "EFA_DEVICE_RESET_FAILED",
+            ),
+        ] {
+            assert_eq!(
+                parse(line),
+                Some(FaultLine::EfaDriver { pci, what: want }),
+                "{line}"
+            );
+        }
+        // A command completing in error (userspace can cause it), and other efa lines: none.
+        assert_eq!(
+            parse("efa 0000:10:1c.0 rdmap16s28: Failed to process command CREATE_QP (opcode 1) comp_status 7 err -22"),
+            None
+        );
+        assert_eq!(parse("efa 0000:10:1c.0: Setup irqs done"), None);
+        assert_eq!(parse("efa: not an address: Admin queue is closed"), None);
     }
 
     #[test]
