@@ -26,20 +26,22 @@ type Posted = HashMap<String, (u64, Instant)>;
 /// The containers holding a GPU, by pod `(namespace, name)`.
 type ByPod = BTreeMap<(String, String), Vec<GpuHolder>>;
 
-/// GPU and EFA faults that need their pod Events created or updated: on a GPU of this
-/// node's inventory (no other can be held by a pod here, so no other asks the kubelet), or of
-/// the EFA fabric.
+/// GPU and EFA faults that need their pod Events created or updated: on a GPU or an EFA
+/// device of this node's inventory (no other can be held by a pod here, so no other asks
+/// the kubelet), or of the node's EFA as a whole.
 fn due<'a>(
     faults: &'a [Fault],
-    gpus: &[GpuStatus],
+    snapshot: &HealthSnapshot,
     posted: &Posted,
     now: Instant,
 ) -> Vec<&'a Fault> {
     faults
         .iter()
-        .filter(|f| {
-            f.code.is_network()
-                || matches!(f.component, Component::Gpu { pci } if gpus.iter().any(|g| g.pci == pci))
+        .filter(|f| match f.component {
+            Component::Gpu { pci } => snapshot.gpus.iter().any(|g| g.pci == pci),
+            Component::Efa { pci } => snapshot.efa.iter().any(|d| d.pci == Some(pci)),
+            Component::Node => f.code.is_network(),
+            Component::Nvswitch { .. } => false,
         })
         .filter(|f| f.class.severity >= Severity::Warning)
         .filter(|f| match posted.get(&fault_key(f)) {
@@ -117,12 +119,10 @@ impl Poster {
             let holders = match f.component {
                 Component::Gpu { pci } => assignments.holders(pci, &snapshot.gpus),
                 Component::Efa { pci } => {
-                    let name = snapshot
-                        .efa
-                        .iter()
-                        .find(|d| d.pci == Some(pci))
-                        .map(|d| d.name.as_str());
-                    assignments.efa_holders(name.or(Some("")), &snapshot.efa)
+                    let Some(device) = snapshot.efa.iter().find(|d| d.pci == Some(pci)) else {
+                        continue;
+                    };
+                    assignments.efa_holders(Some(&device.name), &snapshot.efa)
                 }
                 _ if f.code.is_network() => assignments.efa_holders(None, &snapshot.efa),
                 _ => continue,
@@ -213,12 +213,7 @@ pub async fn run(
         let live: std::collections::HashSet<String> =
             snapshot.faults.iter().map(fault_key).collect();
         poster.posted.retain(|key, _| live.contains(key));
-        let faults = due(
-            &snapshot.faults,
-            &snapshot.gpus,
-            &poster.posted,
-            Instant::now(),
-        );
+        let faults = due(&snapshot.faults, &snapshot, &poster.posted, Instant::now());
         if !faults.is_empty() {
             match poster.post(&faults, &snapshot).await {
                 Ok(()) => last_error = None,
@@ -235,5 +230,39 @@ pub async fn run(
             changed = snapshots.changed() => if changed.is_err() { return },
             () = shutdown.wait() => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::HealthModel;
+    use crate::model::{EfaDevice, Inventory, KmsgStats, Observation, SourceKind};
+
+    /// An EFA fault is posted only for a device of this node: the kernel log is shared (a
+    /// line naming another host's device, or a test's, must not reach this node's pods).
+    #[test]
+    fn an_efa_fault_is_due_only_for_a_device_of_this_node() {
+        let mut m = HealthModel::for_test();
+        let at = std::time::SystemTime::now();
+        m.apply_line("efa 0000:10:1c.0: Admin queue is closed", at);
+        let snapshot = m.snapshot(KmsgStats::default());
+        assert_eq!(snapshot.faults.len(), 1);
+        assert!(due(&snapshot.faults, &snapshot, &Posted::new(), Instant::now()).is_empty());
+        m.apply(Observation::Poll {
+            source: SourceKind::Efa,
+            faults: Vec::new(),
+            partial: Vec::new(),
+            inventory: Inventory::Efa(vec![EfaDevice {
+                name: "rdmap16s28".into(),
+                pci: "0000:10:1c.0".parse().ok(),
+                ..EfaDevice::default()
+            }]),
+        });
+        let snapshot = m.snapshot(KmsgStats::default());
+        assert_eq!(
+            due(&snapshot.faults, &snapshot, &Posted::new(), Instant::now()).len(),
+            1
+        );
     }
 }
