@@ -21,6 +21,9 @@ const INSTANCE_GPUS: &[(&str, u32, Option<u32>)] = &[
     ("p6-b300.48xlarge", 8, Some(16)),
     ("p6-b200.48xlarge", 8, Some(8)),
     ("p6e-gb200.36xlarge", 4, Some(4)),
+    // The 4-GPU slice of a GB300 NVL72 UltraServer, like p6e-gb200 (shared/reference/
+    // grace-gb200.md); its EFA count is stated by no source read.
+    ("p6e-gb300.36xlarge", 4, None),
     // Hopper
     ("p5en.48xlarge", 8, Some(16)),
     ("p5e.48xlarge", 8, Some(32)),
@@ -153,6 +156,7 @@ mod tests {
             "p6-b200.",
             "p6-b300.",
             "p6e-gb200.",
+            "p6e-gb300.",
         ] {
             assert!(
                 INSTANCE_GPUS.iter().any(|(t, _, _)| t.starts_with(family)),
