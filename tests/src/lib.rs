@@ -380,6 +380,16 @@ impl Agent {
         Self::spawn(config, socket, &[], wrapper)
     }
 
+    /// [`Agent::start_under`] with extra environment variables.
+    pub fn start_under_with_env(
+        config: &Path,
+        socket: &Path,
+        wrapper: &[String],
+        env: &[(&str, &str)],
+    ) -> Self {
+        Self::spawn(config, socket, env, wrapper)
+    }
+
     fn spawn(config: &Path, socket: &Path, env: &[(&str, &str)], wrapper: &[String]) -> Self {
         let log = config.with_file_name(format!(
             "agent-{}.log",

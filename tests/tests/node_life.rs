@@ -114,8 +114,9 @@ fn last_kmsg_seq() -> u64 {
     }
 }
 
-/// The machine's uptime: the test runs on the real /proc, so the NVLink boot grace is set
-/// to cover this boot so far plus the test.
+/// The machine's uptime. The agent runs in a time namespace of its own whose boot clock is
+/// set back so that, to it, the machine booted a minute ago: the NVLink boot grace is a
+/// few minutes from there, whatever the real uptime (config refuses a grace over a day).
 fn uptime() -> Duration {
     let text = std::fs::read_to_string("/proc/uptime").expect("/proc/uptime");
     let secs: f64 = text
@@ -146,7 +147,13 @@ fn a_gpu_nodes_life_never_condemns_it_and_never_silences_the_agent() {
             &format!("nvlink.up = [{}]", vec!["false"; 18].join(", ")),
         )
     });
-    let grace = uptime() + Duration::from_secs(300);
+    let grace = Duration::from_secs(300);
+    let booted_a_minute_ago = vec![
+        "unshare".to_string(),
+        "--time".to_string(),
+        "--boottime".to_string(),
+        format!("-{}", uptime().as_secs().saturating_sub(60)),
+    ];
     let extra = format!(
         "cordon = true\n\
          [logind]\nbus_address = {bus:?}\nmax_delay = \"30s\"\n\
@@ -177,9 +184,10 @@ fn a_gpu_nodes_life_never_condemns_it_and_never_silences_the_agent() {
         .to_string(),
     )
     .expect("state");
-    let agent = Agent::start_with_env(
+    let agent = Agent::start_under_with_env(
         &config,
         &host.socket(),
+        &booted_a_minute_ago,
         &[(
             "FAKE_NVML_SCENARIO",
             &host.nvml_scenario_path().to_string_lossy(),
