@@ -1,7 +1,8 @@
 # Layers the gpu-agent package onto the EKS-optimized accelerated (NVIDIA) Amazon Linux 2023
-# AMI. Build (see README.md):
+# AMI, x86_64 or arm64 (Grace: p6e-gb200/gb300; Graviton: g5g). Build (see README.md):
 #   packaging/build-packages.sh
 #   packer build -var kubernetes_version=1.33 -var region=us-west-2 ami/
+#   packer build -var architecture=arm64 ... ami/    (with the aarch64 .rpm)
 
 variable "region" {
   type        = string
@@ -18,7 +19,12 @@ variable "kubernetes_version" {
 variable "architecture" {
   type        = string
   default     = "x86_64"
-  description = "x86_64 or arm64 (the source AMI's and the package's architecture)."
+  description = "x86_64 or arm64: the source AMI's (the EKS AL2023 NVIDIA AMI of that architecture; arm64 is the one EKS recommends for p6e-gb200/gb300 and g5g), the build instance's and the package's."
+
+  validation {
+    condition     = var.architecture == "x86_64" || var.architecture == "arm64"
+    error_message = "The architecture must be x86_64 or arm64."
+  }
 }
 
 variable "source_ami_owner" {
@@ -29,14 +35,14 @@ variable "source_ami_owner" {
 
 variable "build_instance_type" {
   type        = string
-  default     = "m6i.large"
-  description = "Instance the bake runs on. No GPU is needed to install the package."
+  default     = ""
+  description = "Instance the bake runs on (of the AMI's architecture); empty: m6i.large for x86_64, m7g.large for arm64. No GPU is needed to install the package."
 }
 
 variable "package" {
   type        = string
-  default     = "target/packages/gpu-agent-0.1.0-1.x86_64.rpm"
-  description = "The gpu-agent .rpm built by packaging/build-packages.sh (relative to where packer runs: the repository root)."
+  default     = ""
+  description = "The gpu-agent .rpm built by packaging/build-packages.sh (relative to where packer runs: the repository root); empty: target/packages/gpu-agent-0.1.0-1.<x86_64|aarch64>.rpm."
 }
 
 variable "subnet_id" {
@@ -47,15 +53,19 @@ variable "subnet_id" {
 
 locals {
   timestamp = regex_replace(timestamp(), "[- TZ:]", "")
+  # The rpm names the 64-bit ARM architecture aarch64 where EC2 says arm64.
+  rpm_arch       = var.architecture == "arm64" ? "aarch64" : "x86_64"
+  package        = var.package != "" ? var.package : "target/packages/gpu-agent-0.1.0-1.${local.rpm_arch}.rpm"
+  instance_type  = var.build_instance_type != "" ? var.build_instance_type : (var.architecture == "arm64" ? "m7g.large" : "m6i.large")
 }
 
 source "amazon-ebs" "eks-al2023-nvidia" {
   region        = var.region
-  instance_type = var.build_instance_type
+  instance_type = local.instance_type
   subnet_id     = var.subnet_id
   ssh_username  = "ec2-user"
-  ami_name      = "gpu-agent-eks-al2023-nvidia-${var.kubernetes_version}-${local.timestamp}"
-  ami_description = "EKS ${var.kubernetes_version} accelerated AL2023 AMI with gpu-agent"
+  ami_name      = "gpu-agent-eks-al2023-${var.architecture}-nvidia-${var.kubernetes_version}-${local.timestamp}"
+  ami_description = "EKS ${var.kubernetes_version} accelerated AL2023 ${var.architecture} AMI with gpu-agent"
 
   # The newest EKS-optimized accelerated AL2023 AMI for this Kubernetes version; the same
   # AMI the SSM parameter
@@ -73,7 +83,7 @@ source "amazon-ebs" "eks-al2023-nvidia" {
   }
 
   tags = {
-    Name               = "gpu-agent-eks-al2023-nvidia-${var.kubernetes_version}"
+    Name               = "gpu-agent-eks-al2023-${var.architecture}-nvidia-${var.kubernetes_version}"
     "gpu-agent:source" = "{{ .SourceAMIName }}"
   }
 }
@@ -82,7 +92,7 @@ build {
   sources = ["source.amazon-ebs.eks-al2023-nvidia"]
 
   provisioner "file" {
-    source      = var.package
+    source      = local.package
     destination = "/tmp/gpu-agent.rpm"
   }
 
@@ -93,6 +103,8 @@ build {
       "rm -f /tmp/gpu-agent.rpm",
       "systemctl is-enabled gpu-agent.service gpu-agent-kubelet-config.service",
       "gpu-agent --version",
+      # The package's architecture is the image's (an x86_64 package on arm64 would not run).
+      "test \"$(rpm -q --qf '%%{ARCH}' gpu-agent)\" = \"$(uname -m)\"",
       # The bake boot's kernel-log cursor and faults must not ship in the image: the state
       # belongs to the instance that runs it (/var/lib/private is where an older, DynamicUser
       # build of the unit kept it).

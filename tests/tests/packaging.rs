@@ -207,20 +207,34 @@ fn alert_rules_pass_promtool() {
     );
 }
 
-/// `packer validate` accepts the AMI template. It runs in a network namespace of its own:
-/// validating must not (and here cannot) reach AWS.
+/// `packer validate` accepts the AMI template for both architectures (x86_64, and arm64
+/// for Grace and Graviton nodes), and refuses any other. It runs in a network namespace of
+/// its own: validating must not (and here cannot) reach AWS.
 #[test]
 fn ami_template_passes_packer_validate() {
     let ami = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ami");
     let dir = tempfile::tempdir().expect("tempdir");
-    let rpm = dir.path().join("gpu-agent-0.1.0-1.x86_64.rpm");
-    std::fs::write(&rpm, b"").expect("stand-in package");
-    gpu_agent_e2e::run_ok(
-        Command::new("unshare")
+    let validate = |architecture: &str, rpm_arch: &str| {
+        let rpm = dir.path().join(format!("gpu-agent-0.1.0-1.{rpm_arch}.rpm"));
+        std::fs::write(&rpm, b"").expect("stand-in package");
+        let mut command = Command::new("unshare");
+        command
             .args(["--net", "packer", "validate"])
             .arg(format!("-var=package={}", rpm.display()))
-            .arg(&ami),
-        "apt install packer, or run the suite with scripts/test.sh",
+            .arg(format!("-var=architecture={architecture}"))
+            .arg(&ami);
+        command
+    };
+    for (architecture, rpm_arch) in [("x86_64", "x86_64"), ("arm64", "aarch64")] {
+        gpu_agent_e2e::run_ok(
+            &mut validate(architecture, rpm_arch),
+            "apt install packer, or run the suite with scripts/test.sh",
+        );
+    }
+    let refused = validate("sparc64", "sparc64").output().expect("packer");
+    assert!(
+        !refused.status.success(),
+        "an architecture EKS has no AMI for must be refused"
     );
 }
 
