@@ -28,7 +28,10 @@ def write(path, text):
     path.write_text(text + "\n")
 
 
-def host(name, product, cores, numa, smt, mem_gib, gpus, efas, numa_known=True):
+def host(name, product, cores, numa, smt, mem_gib, gpus, efas, numa_known=True,
+         gpu_device="0x2330", efa_device="0xefa1", gpu_numa_nodes=0, gpu_mem_gib=0):
+    """gpu_numa_nodes: CPU-less NUMA nodes per GPU after the CPU nodes (Grace with coherent
+    driver memory mode off: the first holds the GPU's memory, gpu_mem_gib, the rest none)."""
     root = ROOT / name
     shutil.rmtree(root, ignore_errors=True)
     threads = 2 if smt else 1
@@ -41,6 +44,12 @@ def host(name, product, cores, numa, smt, mem_gib, gpus, efas, numa_known=True):
         write(root / f"devices/system/node/node{n}/cpulist", cpulist(cpus))
         kb = mem_gib * 1024 * 1024 // numa
         write(root / f"devices/system/node/node{n}/meminfo", f"Node {n} MemTotal:       {kb} kB\nNode {n} MemFree:        {kb - 1024} kB")
+    for g in range(gpus):
+        for k in range(gpu_numa_nodes):
+            n = numa + g * gpu_numa_nodes + k
+            kb = gpu_mem_gib * 1024 * 1024 if k == 0 else 0
+            write(root / f"devices/system/node/node{n}/cpulist", "")
+            write(root / f"devices/system/node/node{n}/meminfo", f"Node {n} MemTotal:       {kb} kB\nNode {n} MemFree:        {kb} kB")
     for c in range(cores):
         sib = [c, c + cores] if smt else [c]
         for cpu in sib:
@@ -54,9 +63,9 @@ def host(name, product, cores, numa, smt, mem_gib, gpus, efas, numa_known=True):
         write(d / "class", klass)
         write(d / "numa_node", str(node if numa_known else -1))
     for g in range(gpus):
-        dev(0x80 + g, "0x10de", "0x2330", "0x030200", g * numa // gpus)
+        dev(0x80 + g, "0x10de", gpu_device, "0x030200", g * numa // gpus)
     for e in range(efas):
-        dev(0x10 + e, "0x1d0f", "0xefa1", "0x020000", e * numa // efas)
+        dev(0x10 + e, "0x1d0f", efa_device, "0x020000", e * numa // efas)
 
 
 host("p5.48xlarge", "p5.48xlarge", cores=96, numa=2, smt=True, mem_gib=2048, gpus=8, efas=32)
@@ -64,3 +73,11 @@ host("p4d.24xlarge", "p4d.24xlarge", cores=48, numa=2, smt=True, mem_gib=1152, g
 host("g5.xlarge", "g5.xlarge", cores=2, numa=1, smt=True, mem_gib=16, gpus=1, efas=0)
 host("numa-unknown", None, cores=24, numa=2, smt=True, mem_gib=192, gpus=4, efas=0, numa_known=False)
 host("smt-off", "p4d.24xlarge", cores=48, numa=2, smt=False, mem_gib=1152, gpus=8, efas=4)
+# Grace-Blackwell: two Grace CPUs (72 Neoverse V2 cores each, no SMT), two B200 per Grace,
+# four EFA devices. Coherent driver memory mode on (the EKS AMI's default), then off: each
+# GPU's memory a CPU-less NUMA node plus 7 memoryless ones (34 NUMA nodes in all).
+host("p6e-gb200.36xlarge", "p6e-gb200.36xlarge", cores=144, numa=2, smt=False, mem_gib=960,
+     gpus=4, efas=4, gpu_device="0x2941", efa_device="0xefa3")
+host("p6e-gb200.36xlarge-gpu-numa", "p6e-gb200.36xlarge", cores=144, numa=2, smt=False,
+     mem_gib=960, gpus=4, efas=4, gpu_device="0x2941", efa_device="0xefa3", gpu_numa_nodes=8,
+     gpu_mem_gib=184)

@@ -10,12 +10,18 @@ use std::process::{Command, Stdio};
 use gpu_agent::config::KubeletConfig;
 use gpu_agent::kubelet_config::{self as kc, read_topology, validate, Version};
 
-const HOSTS: [&str; 5] = [
+const HOSTS: [&str; 7] = [
     "p5.48xlarge",
     "p4d.24xlarge",
     "g5.xlarge",
     "numa-unknown",
     "smt-off",
+    // Grace-Blackwell, coherent driver memory mode on (the EKS AMI's default): two NUMA
+    // nodes, one per Grace, each with two GPUs and two EFA devices.
+    "p6e-gb200.36xlarge",
+    // The same host with coherent driver memory mode off: GPU memory as CPU-less NUMA nodes
+    // (8 per GPU, 7 of them memoryless): 34 NUMA nodes.
+    "p6e-gb200.36xlarge-gpu-numa",
 ];
 
 fn fixtures() -> PathBuf {
@@ -120,6 +126,81 @@ fn plans_follow_the_topology() {
             .any(|w| w.contains("TopologyAffinityError")),
         "{:?}",
         p.warnings
+    );
+}
+
+/// Grace-Blackwell: with coherent driver memory mode on and off, the plan is one the kubelet
+/// accepts. CPU-less NUMA nodes (GPU memory, memoryless MIG nodes) get no core and no
+/// reservedMemory share; more than 8 NUMA nodes take max-allowable-numa-nodes where the
+/// kubelet has it, and no Topology Manager where it has not.
+#[test]
+fn grace_plans_pass_validation_in_both_memory_modes() {
+    let coherent = kc::plan(&sysfs("p6e-gb200.36xlarge"), &KubeletConfig::default())
+        .expect("valid plan, coherent driver memory mode");
+    assert_eq!(coherent.topology.nodes.len(), 2);
+    assert_eq!(coherent.kubelet.topology_manager_policy, "best-effort");
+    assert!(coherent.kubelet.topology_manager_policy_options.is_empty());
+    assert!(
+        coherent.kubelet.cpu_manager_policy_options.is_empty(),
+        "Grace has no SMT"
+    );
+    assert_eq!(coherent.kubelet.reserved_memory.len(), 2);
+
+    let numa = kc::plan(
+        &sysfs("p6e-gb200.36xlarge-gpu-numa"),
+        &KubeletConfig::default(),
+    )
+    .expect("valid plan, GPU memory as NUMA nodes");
+    assert_eq!(numa.topology.nodes.len(), 34);
+    let nodes: Vec<u32> = numa
+        .kubelet
+        .reserved_memory
+        .iter()
+        .map(|r| r.numa_node)
+        .collect();
+    assert_eq!(nodes, [0, 1], "only the Grace nodes reserve memory");
+    assert_eq!(
+        coherent.kubelet.reserved_system_cpus, numa.kubelet.reserved_system_cpus,
+        "CPU-less nodes add no reserved core"
+    );
+    assert_eq!(numa.kubelet.topology_manager_policy, "best-effort");
+    assert_eq!(
+        numa.kubelet.topology_manager_policy_options["max-allowable-numa-nodes"],
+        "34"
+    );
+
+    // A kubelet before 1.31 has no max-allowable-numa-nodes: no Topology Manager at all,
+    // rather than a kubelet that will not start.
+    let old = KubeletConfig {
+        kubelet_version: "1.30".into(),
+        ..KubeletConfig::default()
+    };
+    let p = kc::plan(&sysfs("p6e-gb200.36xlarge-gpu-numa"), &old).expect("valid plan, 1.30");
+    assert_eq!(p.kubelet.topology_manager_policy, "none");
+    assert!(p.kubelet.topology_manager_policy_options.is_empty());
+    assert!(
+        p.warnings.iter().any(|w| w.contains("34 NUMA nodes")),
+        "{:?}",
+        p.warnings
+    );
+
+    // The old rule, an even split over every node, is what the validator refuses there.
+    let topology = read_topology(&sysfs("p6e-gb200.36xlarge-gpu-numa")).expect("topology");
+    let mut even = numa.kubelet.clone();
+    even.reserved_memory = topology
+        .nodes
+        .iter()
+        .map(|n| kc::ReservedMemory {
+            numa_node: n.id,
+            limits: [("memory".to_string(), "73Mi".to_string())].into(),
+        })
+        .collect();
+    let violations = validate(&even, &topology, Version(1, 33));
+    assert!(
+        violations
+            .iter()
+            .any(|v| v.contains("more than the node's 0Mi")),
+        "{violations:?}"
     );
 }
 

@@ -116,14 +116,33 @@ pub fn make_plan(
     let mut warnings = Vec::new();
     let nodes = topology.nodes.len();
     let gpu_nodes = topology.nodes.iter().filter(|n| !n.gpus.is_empty()).count();
+    // NUMA nodes with CPUs. On Grace with coherent driver memory mode off, GPU memory shows
+    // as CPU-less NUMA nodes (8 per GPU, most of them memoryless): they hold no core to
+    // reserve and no system memory to reserve from.
+    let cpu_nodes = topology
+        .nodes
+        .iter()
+        .filter(|n| !n.cpus.is_empty())
+        .count()
+        .max(1);
+    let numa_words = if cpu_nodes == nodes {
+        format!("{nodes} NUMA nodes")
+    } else {
+        format!("{cpu_nodes} of {nodes} NUMA nodes have CPUs")
+    };
 
     // CPU Manager.
     let cores_wanted = if settings.reserved_cores > 0 {
         settings.reserved_cores as usize
     } else {
-        let auto = topology.online.len().div_ceil(32).clamp(1, 8).max(nodes);
+        let auto = topology
+            .online
+            .len()
+            .div_ceil(32)
+            .clamp(1, 8)
+            .max(cpu_nodes);
         reasoning.push(format!(
-            "Reserve {auto} physical cores for the system and kubelet: one per 32 CPUs (1 to 8), at least one per NUMA node ({} CPUs, {nodes} NUMA nodes).",
+            "Reserve {auto} physical cores for the system and kubelet: one per 32 CPUs (1 to 8), at least one per NUMA node ({} CPUs, {numa_words}).",
             topology.online.len()
         ));
         auto
@@ -191,9 +210,20 @@ pub fn make_plan(
     }
     reasoning.push(format!("topologyManagerScope {scope}: {}.", if scope == "pod" { "all containers of a pod are aligned together (a trainer and its sidecars share the GPUs' NUMA node)" } else { "containers are aligned one by one" }));
     let mut topo_options = BTreeMap::new();
-    if nodes > 8 {
-        topo_options.insert("max-allowable-numa-nodes".to_string(), nodes.to_string());
-        reasoning.push(format!("{nodes} NUMA nodes: max-allowable-numa-nodes, else the Topology Manager refuses to load on more than 8."));
+    let mut policy = policy;
+    if nodes > 8 && policy != "none" {
+        let version = super::validate::Version::parse(&settings.kubelet_version);
+        if version.is_some_and(|v| v >= super::validate::Version(1, 31)) {
+            topo_options.insert("max-allowable-numa-nodes".to_string(), nodes.to_string());
+            reasoning.push(format!("{nodes} NUMA nodes: max-allowable-numa-nodes, else the Topology Manager refuses to load on more than 8."));
+        } else {
+            reasoning.push(format!(
+                "{nodes} NUMA nodes: the Topology Manager refuses to load on more than 8, and kubelet {} has no max-allowable-numa-nodes (1.31 and later), so topologyManagerPolicy is none (the kubelet would not start otherwise).",
+                settings.kubelet_version
+            ));
+            warnings.push(format!("{nodes} NUMA nodes on kubelet {}: no Topology Manager alignment; kubelet 1.31 or later aligns with max-allowable-numa-nodes.", settings.kubelet_version));
+            policy = "none";
+        }
     }
     if !topology.unknown_numa_devices.is_empty() {
         warnings.push(format!(
@@ -218,7 +248,11 @@ pub fn make_plan(
         reasoning.push(format!(
             "kubeReserved.memory {}: nodeadm's formula 11 × maxPods + 255 Mi with maxPods {pods} ({}), set explicitly so the reservedMemory sum holds whatever maxPods nodeadm derives.",
             format_mib(value),
-            instance_type.map_or_else(|| "instance type unknown: Kubernetes' default".to_string(), |t| t.to_string())
+            match (instance_type, max_pods) {
+                (Some(t), Some(_)) => t.to_string(),
+                (Some(t), None) => format!("{t} is not in the maxPods table: Kubernetes' default"),
+                (None, _) => "instance type unknown: Kubernetes' default".to_string(),
+            }
         ));
         value
     } else {
@@ -228,9 +262,27 @@ pub fn make_plan(
     let eviction = mib("eviction_hard_memory", &settings.eviction_hard_memory)?;
     let (memory_policy, reserved_memory) = if settings.memory_manager {
         let total = kube_reserved + system_reserved + eviction;
-        let n = nodes as u64;
-        let reserved_memory: Vec<ReservedMemory> = topology
+        // The system's and kubelet's memory is reserved where their CPUs are: never from a
+        // CPU-less node (GPU memory, or a memoryless MIG node that would fail validation).
+        let mut hosts: Vec<_> = topology
             .nodes
+            .iter()
+            .filter(|n| !n.cpus.is_empty() && n.memory_mib > 0)
+            .collect();
+        if hosts.is_empty() {
+            hosts = topology.nodes.iter().filter(|n| n.memory_mib > 0).collect();
+        }
+        let n = (hosts.len() as u64).max(1);
+        let spread = if hosts.len() == nodes {
+            format!("{nodes} NUMA nodes")
+        } else {
+            format!(
+                "the {} NUMA nodes with CPUs (the {} CPU-less ones, GPU memory or memoryless, get none)",
+                hosts.len(),
+                nodes - hosts.len()
+            )
+        };
+        let reserved_memory: Vec<ReservedMemory> = hosts
             .iter()
             .enumerate()
             .map(|(i, node)| {
@@ -242,7 +294,7 @@ pub fn make_plan(
             })
             .collect();
         reasoning.push(format!(
-            "memoryManagerPolicy Static: guaranteed pods get memory from their CPUs' NUMA node. reservedMemory totals {} = kubeReserved {} + systemReserved {} + evictionHard {}, split evenly across {nodes} NUMA nodes, as the kubelet requires.",
+            "memoryManagerPolicy Static: guaranteed pods get memory from their CPUs' NUMA node. reservedMemory totals {} = kubeReserved {} + systemReserved {} + evictionHard {}, split evenly across {spread}, as the kubelet requires.",
             format_mib(total), format_mib(kube_reserved), format_mib(system_reserved), format_mib(eviction)
         ));
         ("Static", reserved_memory)
