@@ -22,6 +22,7 @@ pub mod kube_api;
 pub mod kubelet;
 pub mod logind;
 pub mod nspawn;
+pub mod systemd;
 pub mod trainer;
 
 /// Bus numbers of the fake GPUs, in index order.

@@ -402,3 +402,153 @@ fn a_hung_nvml_poll_shows_the_source_failed_and_keeps_its_faults() {
     });
     assert!(agent.stop().success());
 }
+
+/// A GB200/GB300 NVL72 host: each GPU's NVLink fabric registration (the fake library's
+/// `nvmlDeviceGetGpuFabricInfoV`, real struct layout and versioning) names its NVLink
+/// domain in `status` and the metrics; a registration that never completes, completes with
+/// an error, or reports degraded health is a fault on that GPU, and clears with it. A driver
+/// that knows only the v2 struct is read through v2.
+#[test]
+fn nvlink_fabric_registration_names_the_domain_and_faults_where_it_fails() {
+    const CLUSTER: &str = "5e1f002a-7b3c-4d01-8e9f-a0b1c2d3e4f5";
+    // Healthy as a GB200 reports it: every two-state health field "false", configuration
+    // "none", summary healthy.
+    let registered = |clique: u32| {
+        format!(
+            "fabric.state = \"completed\"\nfabric.clique_id = {clique}\n\
+             fabric.cluster_uuid = \"{CLUSTER}\"\nfabric.health_mask = {}\n\
+             fabric.health_summary = 1\n",
+            2 | (2 << 2) | (2 << 4) | (2 << 6) | (1 << 8)
+        )
+    };
+    let nvl72 = |overrides: &[(usize, &str)]| {
+        (0..8).fold(NvmlScenario::healthy(), |s, i| {
+            let extra = overrides
+                .iter()
+                .filter(|(gpu, _)| *gpu == i)
+                .map(|(_, toml)| *toml)
+                .collect::<String>();
+            s.gpu(i, &format!("{}{extra}", registered(7)))
+        })
+    };
+    let host = Host::new();
+    let port = gpu_agent_e2e::free_port();
+    nvl72(&[(1, "fabric.max_version = 2\n")]).write(&host);
+    // No boot grace: this machine booted long ago, as a node does whose agent restarts.
+    let config = host.config(&format!(
+        "[metrics]\nlisten = \"127.0.0.1:{port}\"\n{}nvlink_boot_grace = \"0s\"\n",
+        host.nvml_config()
+    ));
+    let agent = gpu_agent_e2e::Agent::start_with_env(
+        &config,
+        &host.socket(),
+        &[(
+            "FAKE_NVML_SCENARIO",
+            &host.nvml_scenario_path().to_string_lossy(),
+        )],
+    );
+    let s = agent.wait_for(WAIT, |s| s["gpus"][7]["nvml"]["fabric"].is_object());
+    assert!(
+        nvml_faults(&s, &host).is_empty(),
+        "{:#?}",
+        nvml_faults(&s, &host)
+    );
+    for g in s["gpus"].as_array().expect("gpus") {
+        let f = &g["nvml"]["fabric"];
+        assert_eq!(
+            (&f["state"], &f["cluster_uuid"], &f["clique_id"]),
+            (
+                &Value::from("completed"),
+                &Value::from(CLUSTER),
+                &Value::from(7)
+            ),
+            "every GPU, the v2-only driver's included: {g:#}"
+        );
+    }
+    let (_, table) = agent.status(false);
+    assert!(
+        table.contains(&format!(
+            "NVLink fabric completed: cluster {CLUSTER} clique 7"
+        )),
+        "{table}"
+    );
+    let body = gpu_agent_e2e::http_get(port, "/metrics");
+    assert!(
+        body.contains(&format!(
+            r#"gpu_agent_gpu_fabric_info{{gpu="3",cluster_uuid="{CLUSTER}",clique_id="7",state="completed"}} 1"#
+        )),
+        "{body}"
+    );
+
+    // (scenario override, fault code, GPU, severity, action)
+    let cases = [
+        (
+            (2, "fabric.state = \"in-progress\"\n"),
+            "fabric-unregistered",
+            2,
+            "fatal",
+            "reboot",
+        ),
+        (
+            (5, "fabric.status = 999\n"),
+            "fabric-registration-failed",
+            5,
+            "fatal",
+            "reboot",
+        ),
+        (
+            (3, "fabric.health_mask = 425\n"),
+            "fabric-degraded",
+            3,
+            "warning",
+            "none",
+        ),
+        (
+            (6, "fabric.health_summary = 2\n"),
+            "fabric-unhealthy",
+            6,
+            "fatal",
+            "reset-gpu",
+        ),
+    ];
+    for ((gpu, toml), code, index, severity, action) in cases {
+        // Later keys of a table win in no TOML; the override replaces the GPU's whole table.
+        let scenario = (0..8).fold(NvmlScenario::healthy(), |s, i| {
+            let fabric = if i == gpu {
+                registered(7)
+                    .lines()
+                    .filter(|l| {
+                        let key = toml.split('=').next().unwrap_or_default().trim();
+                        !l.starts_with(key)
+                    })
+                    .map(|l| format!("{l}\n"))
+                    .collect::<String>()
+                    + toml
+            } else {
+                registered(7)
+            };
+            s.gpu(i, &fabric)
+        });
+        scenario.write(&host);
+        let s = agent.wait_for(WAIT, |s| {
+            nvml_faults(s, &host)
+                .iter()
+                .any(|f| f["code"]["type"] == code)
+        });
+        let faults = nvml_faults(&s, &host);
+        assert_eq!(faults.len(), 1, "{code}: {faults:#?}");
+        assert_eq!(
+            (
+                faults[0]["gpu_index"].as_u64(),
+                faults[0]["severity"].as_str(),
+                faults[0]["action"].as_str()
+            ),
+            (Some(index), Some(severity), Some(action)),
+            "{code}: {:#}",
+            faults[0]
+        );
+        nvl72(&[]).write(&host);
+        agent.wait_for(WAIT, |s| nvml_faults(s, &host).is_empty());
+    }
+    assert!(agent.stop().success());
+}

@@ -108,6 +108,7 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
     for (kind, enabled, section) in [
         (SourceKind::CapacityBlock, config.ec2.enabled, "ec2"),
         (SourceKind::Logind, config.logind.enabled, "logind"),
+        (SourceKind::Imex, config.imex.enabled, "imex"),
         (SourceKind::Imds, config.imds.enabled, "imds"),
     ] {
         let state = if !enabled {
@@ -368,7 +369,8 @@ fn spawn_node_conditions(
     }
 }
 
-/// The sources that need a client: IMDS, the Capacity Block (EC2 API) and logind (D-Bus).
+/// The sources that need a client: IMDS, the Capacity Block (EC2 API), logind and IMEX
+/// (D-Bus).
 #[cfg(feature = "clients")]
 fn spawn_client_sources(
     config: &crate::config::Config,
@@ -376,7 +378,7 @@ fn spawn_client_sources(
     sink_tx: &mpsc::Sender<Observation>,
     shutdown: &crate::shutdown::Shutdown,
 ) {
-    use crate::sources::{capacity_block, imds, logind};
+    use crate::sources::{capacity_block, imds, imex, logind};
     if config.imds.enabled {
         let settings = imds::Settings {
             endpoint: Some(config.imds.endpoint.clone()).filter(|e| !e.is_empty()),
@@ -418,5 +420,18 @@ fn spawn_client_sources(
             snapshots.clone(),
             shutdown.clone(),
         ));
+    }
+    if config.imex.enabled {
+        let boot =
+            crate::host::boot_time(&config.procfs.root).unwrap_or_else(std::time::SystemTime::now);
+        let settings = imex::Settings {
+            bus_address: Some(config.imex.bus_address.clone()).filter(|a| !a.is_empty()),
+            unit: config.imex.unit.clone(),
+            channels_dir: config.imex.channels_dir.clone(),
+            poll_interval: config.imex.poll_interval.0,
+            grace_ends: boot + config.imex.startup_grace.0,
+            nvlink_domain: crate::host::instance_types::nvlink_domain(&config.sysfs.root),
+        };
+        tokio::spawn(imex::run(settings, sink_tx.clone(), shutdown.clone()));
     }
 }

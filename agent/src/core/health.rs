@@ -55,6 +55,7 @@ pub struct HealthModel {
     hardware: BTreeMap<String, String>,
     /// The EFA devices as the `efa` source last found them.
     efa: Vec<crate::model::EfaDevice>,
+    imex: Option<crate::model::ImexState>,
 }
 
 /// The latest occurrence of a fault, as first one path and then maybe the other saw it.
@@ -197,6 +198,7 @@ impl HealthModel {
             occurrences: HashMap::new(),
             hardware: BTreeMap::new(),
             efa: Vec::new(),
+            imex: None,
         }
     }
 
@@ -512,6 +514,11 @@ impl HealthModel {
                     crate::model::Inventory::Efa(devices) => {
                         let changed = devices != self.efa;
                         self.efa = devices;
+                        changed
+                    }
+                    crate::model::Inventory::Imex(state) => {
+                        let changed = self.imex.as_ref() != Some(&state);
+                        self.imex = Some(state);
                         changed
                     }
                 };
@@ -873,6 +880,7 @@ impl HealthModel {
             kmsg,
             driver_version: self.driver_version.clone(),
             efa: self.efa.clone(),
+            imex: self.imex.clone(),
             holders: None,
             updated_at: SystemTime::now(),
         }

@@ -57,6 +57,14 @@ const INSTANCE_GPUS: &[(&str, u32, Option<u32>)] = &[
     ("g6.xlarge", 1, Some(0)),
     ("gr6.8xlarge", 1, None),
     ("gr6.4xlarge", 1, None),
+    // Fractional L4 (g6f/gr6f): a share of one L4, which the guest's NVIDIA (vGPU) driver
+    // presents as one GPU. The sizes are the ones AWS lists; a size not listed here falls
+    // back to the bus, which sees the same one device.
+    ("g6f.4xlarge", 1, None),
+    ("g6f.2xlarge", 1, None),
+    ("g6f.xlarge", 1, None),
+    ("g6f.large", 1, None),
+    ("gr6f.4xlarge", 1, None),
     // A10G
     ("g5.48xlarge", 8, Some(1)),
     ("g5.24xlarge", 4, None),
@@ -81,6 +89,19 @@ const INSTANCE_GPUS: &[(&str, u32, Option<u32>)] = &[
     ("g5g.2xlarge", 1, None),
     ("g5g.xlarge", 1, None),
 ];
+
+/// Instance families whose GPUs are part of a multi-node NVLink domain (an NVL72
+/// UltraServer: GB200/GB300), so multi-node NVLink goes through IMEX. Every other type in
+/// [`INSTANCE_GPUS`] has none (p5 and p6-b200 have NVLink within the node only).
+const NVLINK_DOMAIN_FAMILIES: &[&str] = &["p6e-gb200.", "p6e-gb300."];
+
+/// Does this node's instance type have a multi-node NVLink domain? `None`: the type is not
+/// known (not EC2, or not in the table).
+pub fn nvlink_domain(sysfs_root: &Path) -> Option<(bool, String)> {
+    let t = crate::host::instance_type(sysfs_root)?;
+    let domain = NVLINK_DOMAIN_FAMILIES.iter().any(|f| t.starts_with(f));
+    (domain || INSTANCE_GPUS.iter().any(|(name, _, _)| *name == t)).then_some((domain, t))
+}
 
 /// Expected GPU count and where it came from: config, instance type, or the PCI bus.
 pub fn expected_gpus(configured: u32, sysfs_root: &Path, on_bus: usize) -> (u32, String) {
@@ -117,6 +138,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_nvl72_types_have_an_nvlink_domain() {
+        let root = tempfile::tempdir().expect("tempdir");
+        assert_eq!(nvlink_domain(root.path()), None, "no instance type");
+        let dmi = root.path().join("class/dmi/id");
+        std::fs::create_dir_all(&dmi).expect("mkdir");
+        for (t, want) in [
+            ("p6e-gb200.36xlarge", Some(true)),
+            ("p6e-gb300.36xlarge", Some(true)),
+            ("p5.48xlarge", Some(false)),
+            ("p6-b200.48xlarge", Some(false)),
+            ("m7i.large", None),
+        ] {
+            std::fs::write(dmi.join("product_name"), format!("{t}\n")).expect("write");
+            assert_eq!(nvlink_domain(root.path()).map(|d| d.0), want, "{t}");
+        }
+    }
+
+    #[test]
     fn config_then_instance_type_then_bus() {
         let root = tempfile::tempdir().expect("tempdir");
         assert_eq!(expected_gpus(4, root.path(), 2).0, 4);
@@ -148,6 +187,8 @@ mod tests {
             "g6.",
             "g6e.",
             "gr6.",
+            "g6f.",
+            "g5g.",
             "p4d.",
             "p4de.",
             "p5.",

@@ -41,4 +41,17 @@ pub enum Inventory {
     },
     /// The EFA devices.
     Efa(Vec<EfaDevice>),
+    /// The host's IMEX unit.
+    Imex(ImexState),
+}
+
+/// The host's IMEX daemon as the `imex` source last read it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImexState {
+    /// The unit (`nvidia-imex.service`).
+    pub unit: String,
+    /// Its `ActiveState` (`active`, `activating`, `failed`, ...).
+    pub active_state: String,
+    /// IMEX channel devices present.
+    pub channels: u32,
 }

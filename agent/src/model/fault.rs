@@ -51,6 +51,8 @@ pub enum SourceKind {
     Logind,
     /// The EFA devices (sysfs).
     Efa,
+    /// The host's IMEX daemon (systemd over D-Bus).
+    Imex,
 }
 
 /// The hardware a fault belongs to.
@@ -128,6 +130,20 @@ pub enum FaultCode {
     /// The `efa` driver logged a device failure (an admin command that never completed, the
     /// admin queue closed, a device reset that failed).
     EfaDriverError,
+    /// A GPU has not registered with the NVLink fabric past the boot grace.
+    FabricUnregistered,
+    /// A GPU's NVLink fabric registration completed with an error.
+    FabricRegistrationFailed,
+    /// The NVLink fabric's health fields say the GPU's fabric is unhealthy (misconfigured,
+    /// unhealthy routes).
+    FabricUnhealthy,
+    /// The NVLink fabric runs degraded (bandwidth, a recovery in progress, limited capacity).
+    FabricDegraded,
+    /// The host's IMEX unit is enabled but not running (failed, or not active after the
+    /// start-up grace): multi-node NVLink jobs cannot share memory across the domain.
+    ImexDown,
+    /// The host's IMEX unit runs but no IMEX channel device exists for workloads to use.
+    ImexNoChannels,
 }
 
 impl fmt::Display for FaultCode {
@@ -190,6 +206,12 @@ impl FaultCode {
             Self::EfaErrors => "efa-errors",
             Self::EfaAdminErrors => "efa-admin-errors",
             Self::EfaDriverError => "efa-driver-error",
+            Self::FabricUnregistered => "fabric-unregistered",
+            Self::FabricRegistrationFailed => "fabric-registration-failed",
+            Self::FabricUnhealthy => "fabric-unhealthy",
+            Self::FabricDegraded => "fabric-degraded",
+            Self::ImexDown => "imex-down",
+            Self::ImexNoChannels => "imex-no-channels",
         }
     }
 }
@@ -225,6 +247,7 @@ impl fmt::Display for SourceKind {
             Self::CapacityBlock => "capacity-block",
             Self::Logind => "logind",
             Self::Efa => "efa",
+            Self::Imex => "imex",
         })
     }
 }

@@ -14,7 +14,7 @@ pub mod signal;
 mod snapshot;
 pub mod time;
 
-pub use efa::{EfaDevice, Inventory};
+pub use efa::{EfaDevice, ImexState, Inventory};
 pub use fault::{
     Action, Classification, Component, Fault, FaultCode, FaultReport, Severity, SourceKind,
 };
@@ -26,8 +26,8 @@ pub use notice::{CheckpointReport, DeclaredLead, Notice, NoticeKind};
 pub use pci::{PciAddress, PciAddressError};
 pub use reason::reason;
 pub use snapshot::{
-    GpuIdentity, GpuStatus, GpuTelemetry, Health, HealthSnapshot, KmsgCounters, KmsgStats,
-    PendingEnd, SinkStatus, SourceState, SourceStatus,
+    GpuFabric, GpuIdentity, GpuStatus, GpuTelemetry, Health, HealthSnapshot, KmsgCounters,
+    KmsgStats, PendingEnd, SinkStatus, SourceState, SourceStatus,
 };
 
 /// FNV-1a of `text`: a hash stable across runs and builds, for deterministic object names

@@ -35,6 +35,12 @@ pub fn reason(code: FaultCode, severity: Severity) -> String {
         FaultCode::EfaErrors => format!("EFAErrorRate{level}"),
         FaultCode::EfaAdminErrors => "EFAAdminQueueError".into(),
         FaultCode::EfaDriverError => "EFADriverError".into(),
+        FaultCode::FabricUnregistered => "NvidiaFabricNotRegistered".into(),
+        FaultCode::FabricRegistrationFailed => "NvidiaFabricRegistrationError".into(),
+        FaultCode::FabricUnhealthy => "NvidiaFabricUnhealthy".into(),
+        FaultCode::FabricDegraded => "NvidiaFabricDegraded".into(),
+        FaultCode::ImexDown => "NvidiaIMEXDown".into(),
+        FaultCode::ImexNoChannels => "NvidiaIMEXNoChannels".into(),
     }
 }
 

@@ -84,8 +84,26 @@ pub struct GpuIdentity {
     /// UUIDs of its MIG devices (`MIG-...`), when MIG is on.
     #[serde(default)]
     pub mig_uuids: Vec<String>,
+    /// Its NVLink fabric registration (GB200/GB300 NVL72, NVLink-5 HGX); `None` where the
+    /// GPU registers with no fabric.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<GpuFabric>,
     /// Telemetry from the latest poll.
     pub telemetry: GpuTelemetry,
+}
+
+/// A GPU's NVLink fabric registration: which NVLink domain it is in, and how it stands.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuFabric {
+    /// `not-started`, `in-progress` or `completed`.
+    pub state: String,
+    /// The clique (NVLink partition) id.
+    pub clique_id: u32,
+    /// The fabric cluster's UUID: GPUs with the same one share an NVLink domain.
+    pub cluster_uuid: String,
+    /// What the fabric's health fields say is wrong; `None`: nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<String>,
 }
 
 /// One GPU row.
@@ -267,6 +285,9 @@ pub struct HealthSnapshot {
     /// The EFA devices the `efa` source found (empty: none, or the source is off).
     #[serde(default)]
     pub efa: Vec<super::EfaDevice>,
+    /// The host's IMEX unit, where the `imex` source watches it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub imex: Option<super::ImexState>,
     /// The pod-resources lookup behind each GPU's `holders`; `None` in the core's snapshots
     /// and when the lookup is turned off.
     #[serde(default)]

@@ -7,6 +7,8 @@
 pub mod capacity_block;
 pub mod efa;
 pub mod imds;
+#[cfg(feature = "clients")]
+pub mod imex;
 pub mod kmsg;
 #[cfg(feature = "clients")]
 pub mod logind;

@@ -21,7 +21,7 @@ use std::ffi::{c_char, c_int, c_uint, c_ulonglong};
 
 use nvml_wrapper_sys::bindings::*;
 
-pub use scenario::{Gpu, Scenario};
+pub use scenario::{Fabric, Gpu, Scenario};
 
 const OK: nvmlReturn_t = nvmlReturn_enum_NVML_SUCCESS;
 const INVALID: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
@@ -441,6 +441,55 @@ pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
 ) -> nvmlReturn_t {
     with_gpu(device, "clock_events", |g| {
         put(reasons, g.clock_event_reasons)
+    })
+}
+
+/// `NVML_STRUCT_VERSION(GpuFabricInfo, v)`: the struct's size, with the version in the top byte.
+const fn fabric_info_version(size: usize, version: u32) -> c_uint {
+    size as c_uint | (version << 24)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfoV(
+    device: nvmlDevice_t,
+    info: *mut nvmlGpuFabricInfoV_t,
+) -> nvmlReturn_t {
+    if info.is_null() {
+        return INVALID;
+    }
+    with_gpu(device, "fabric", |g| {
+        let Some(fabric) = &g.fabric else {
+            return NOT_SUPPORTED;
+        };
+        let v2 = fabric_info_version(std::mem::size_of::<nvmlGpuFabricInfo_v2_t>(), 2);
+        let v3 = fabric_info_version(std::mem::size_of::<nvmlGpuFabricInfo_v3_t>(), 3);
+        let version = (*info).version;
+        let known = (version == v2 && fabric.max_version >= 2)
+            || (version == v3 && fabric.max_version >= 3);
+        if !known {
+            return nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+        }
+        let out = &mut *info;
+        out.state = match fabric.state.as_str() {
+            "not-started" => NVML_GPU_FABRIC_STATE_NOT_STARTED,
+            "in-progress" => NVML_GPU_FABRIC_STATE_IN_PROGRESS,
+            "completed" => NVML_GPU_FABRIC_STATE_COMPLETED,
+            _ => NVML_GPU_FABRIC_STATE_NOT_SUPPORTED,
+        } as nvmlGpuFabricState_t;
+        out.status = fabric.status;
+        out.cliqueId = fabric.clique_id;
+        let hex: String = fabric.cluster_uuid.chars().filter(|c| *c != '-').collect();
+        for (i, byte) in out.clusterUuid.iter_mut().enumerate() {
+            *byte = hex
+                .get(2 * i..2 * i + 2)
+                .and_then(|b| u8::from_str_radix(b, 16).ok())
+                .unwrap_or(0);
+        }
+        out.healthMask = fabric.health_mask;
+        if version == v3 {
+            out.healthSummary = fabric.health_summary;
+        }
+        OK
     })
 }
 

@@ -64,7 +64,7 @@ pub struct Gpu {
     pub reset_required: bool,
     /// API names that return `NVML_ERROR_NOT_SUPPORTED`: uuid, name, serial, pci_info,
     /// ecc_mode, total_ecc_errors, memory_error_counter, retired_pages_pending,
-    /// remapped_rows, nvlink_state, nvlink_errors, pcie, clock_events, mig.
+    /// remapped_rows, nvlink_state, nvlink_errors, pcie, clock_events, mig, fabric.
     pub not_supported: Vec<String>,
     /// API names (as for `not_supported`) that fail with `NVML_ERROR_UNKNOWN`: a driver call
     /// failing on this GPU only.
@@ -85,6 +85,46 @@ pub struct Gpu {
     pub recovery_action: Option<u32>,
     /// UUIDs (`MIG-...`) of the MIG devices on this GPU; empty: MIG mode off.
     pub mig: Vec<String>,
+    /// `nvmlDeviceGetGpuFabricInfoV`: the GPU's NVLink fabric registration (GB200/GB300
+    /// NVL72 and HGX systems). Absent: the call is not supported (a PCIe GPU, an older
+    /// driver).
+    pub fabric: Option<Fabric>,
+}
+
+/// A GPU's NVLink fabric registration, as `nvmlGpuFabricInfo_v3_t` carries it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Fabric {
+    /// `not-supported`, `not-started`, `in-progress` or `completed`.
+    pub state: String,
+    /// The registration's own result (an `nvmlReturn_t`; 0 success), valid once completed.
+    pub status: u32,
+    /// The clique (NVLink partition) the GPU belongs to.
+    pub clique_id: u32,
+    /// The fabric cluster's UUID, as `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+    pub cluster_uuid: String,
+    /// `NVML_GPU_FABRIC_HEALTH_MASK_*` bits.
+    pub health_mask: u32,
+    /// `NVML_GPU_FABRIC_HEALTH_SUMMARY_*`: 0 not supported, 1 healthy, 2 unhealthy, 3
+    /// limited capacity (v3 only).
+    pub health_summary: u8,
+    /// The newest struct version this driver knows (2 or 3): a newer one is refused with
+    /// `NVML_ERROR_ARGUMENT_VERSION_MISMATCH`, as by a driver older than the header.
+    pub max_version: u32,
+}
+
+impl Default for Fabric {
+    fn default() -> Self {
+        Self {
+            state: "completed".into(),
+            status: 0,
+            clique_id: 0,
+            cluster_uuid: "00000000-0000-0000-0000-000000000000".into(),
+            health_mask: 0,
+            health_summary: 0,
+            max_version: 3,
+        }
+    }
 }
 
 impl Gpu {

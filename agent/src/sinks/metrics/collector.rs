@@ -108,6 +108,35 @@ fn efa(encoder: &mut DescriptorEncoder, s: &HealthSnapshot) -> std::fmt::Result 
     )
 }
 
+/// Per GPU with an NVLink fabric: its domain (cluster UUID, clique id) and state as labels,
+/// so an operator sees which NVLink domain each node's GPUs are in.
+fn fabric(encoder: &mut DescriptorEncoder, s: &HealthSnapshot) -> std::fmt::Result {
+    let rows: Vec<([(&'static str, String); 4], u64)> = s
+        .gpus
+        .iter()
+        .filter_map(|g| {
+            let f = g.nvml.as_ref()?.fabric.as_ref()?;
+            Some((
+                [
+                    ("gpu", g.index.to_string()),
+                    ("cluster_uuid", f.cluster_uuid.clone()),
+                    ("clique_id", f.clique_id.to_string()),
+                    ("state", f.state.clone()),
+                ],
+                u64::from(f.health.is_none()),
+            ))
+        })
+        .collect();
+    family(
+        encoder,
+        "gpu_agent_gpu_fabric_info",
+        "Per GPU with an NVLink fabric (GB200/GB300 NVL72): its cluster UUID, clique id and \
+         registration state; 1 while the fabric's health fields report nothing wrong.",
+        prometheus_client::metrics::MetricType::Gauge,
+        &rows,
+    )
+}
+
 /// Per-GPU NVML telemetry: ECC, remapped rows, NVLink, PCIe.
 fn telemetry(encoder: &mut DescriptorEncoder, s: &HealthSnapshot) -> std::fmt::Result {
     use prometheus_client::metrics::MetricType::{Counter, Gauge};
@@ -370,6 +399,7 @@ impl Collector for SnapshotCollector {
             kmsg.records_ignored,
         )?;
         telemetry(&mut encoder, &s)?;
+        fabric(&mut encoder, &s)?;
         efa(&mut encoder, &s)
     }
 }

@@ -86,6 +86,18 @@ pub fn render(s: &HealthSnapshot) -> String {
             name,
             health_word(g.health)
         );
+        if let Some(f) = g.nvml.as_ref().and_then(|n| n.fabric.as_ref()) {
+            let _ = writeln!(
+                out,
+                "     NVLink fabric {}: cluster {} clique {}{}",
+                f.state,
+                f.cluster_uuid,
+                f.clique_id,
+                f.health
+                    .as_deref()
+                    .map_or_else(String::new, |h| format!(" ({h})"))
+            );
+        }
         if !g.holders.is_empty() {
             let who: Vec<String> = g.holders.iter().map(ToString::to_string).collect();
             let _ = writeln!(out, "     held by {}", who.join(", "));
@@ -148,6 +160,16 @@ pub fn render(s: &HealthSnapshot) -> String {
             let who: Vec<String> = d.holders.iter().map(ToString::to_string).collect();
             let _ = writeln!(out, "             held by {}", who.join(", "));
         }
+    }
+    if let Some(imex) = &s.imex {
+        let _ = writeln!(
+            out,
+            "\nIMEX (multi-node NVLink): {} {}, {} channel device{}",
+            imex.unit,
+            imex.active_state,
+            imex.channels,
+            if imex.channels == 1 { "" } else { "s" }
+        );
     }
 
     if !s.faults.is_empty() {

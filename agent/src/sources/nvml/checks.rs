@@ -20,6 +20,7 @@
 //! | the driver's recovery action (R565+): GPU reset / drain and reset | `recovery-action` | fatal | reset-gpu |
 //! | the driver's recovery action: node reboot | `recovery-action` | fatal | reboot |
 //! | the driver's recovery action: drain P2P | `recovery-action` | warning | restart-app |
+//! | NVLink fabric registration and health (GB200/GB300 NVL72): see [`super::fabric`] | `fabric-*` | | |
 //!
 //! PCIe *generation* below maximum is not a fault: GPUs lower it at idle to save power. It is
 //! exported as a metric.
@@ -153,7 +154,7 @@ pub fn partially_read(
         let nvlink_unread =
             failed(&r.nvlink) || r.nvlink.as_ref().is_ok_and(|n| !n.unread.is_empty());
         // Each call, with the faults judged from it (the DRAM/SRAM split is detail only).
-        let calls: [(bool, &[FaultCode]); 9] = [
+        let calls: [(bool, &[FaultCode]); 10] = [
             (failed(&r.ecc_enabled), &[FaultCode::EccDisabled]),
             (
                 failed(&r.ecc_volatile),
@@ -186,6 +187,15 @@ pub fn partially_read(
             (failed(&r.pcie), &[FaultCode::PcieDegraded]),
             (failed(&r.clock_events), &[FaultCode::ClockSlowdown]),
             (failed(&r.recovery_action), &[FaultCode::RecoveryAction]),
+            (
+                failed(&r.fabric),
+                &[
+                    FaultCode::FabricUnregistered,
+                    FaultCode::FabricRegistrationFailed,
+                    FaultCode::FabricUnhealthy,
+                    FaultCode::FabricDegraded,
+                ],
+            ),
         ];
         for (_, codes) in calls.iter().filter(|(failed, _)| *failed) {
             for code in *codes {
@@ -455,6 +465,14 @@ fn per_gpu(
             );
         }
     }
+    if let Some((code, severity, action, name, detail)) = r
+        .fabric
+        .as_ref()
+        .ok()
+        .and_then(|fabric| fabric.judge(booting))
+    {
+        push(code, severity, action, name, detail);
+    }
     if let Ok(bits) = r.clock_events {
         if bits & HW_SLOWDOWN_BITS != 0 {
             push(
@@ -515,6 +533,7 @@ mod tests {
             clock_events: Ok(0),
             recovery_action: Err(Unread::NotSupported),
             mig_uuids: Vec::new(),
+            fabric: Err(Unread::NotSupported),
         }
     }
 

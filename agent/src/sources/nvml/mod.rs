@@ -11,6 +11,7 @@
 
 mod checks;
 pub mod events;
+mod fabric;
 mod probe;
 mod raw;
 mod watchdog;
@@ -218,6 +219,7 @@ fn identity(r: &GpuReading) -> GpuIdentity {
         name: r.name.clone().ok(),
         serial: r.serial.clone().ok(),
         mig_uuids: r.mig_uuids.clone(),
+        fabric: r.fabric.as_ref().ok().and_then(fabric::FabricInfo::view),
         telemetry: GpuTelemetry {
             ecc_uncorrected_volatile: r.ecc_volatile.clone().ok(),
             ecc_uncorrected_aggregate: r.ecc_aggregate.clone().ok(),

@@ -8,6 +8,7 @@ use nvml_wrapper::{Device, Nvml};
 
 use std::collections::BTreeMap;
 
+use super::fabric::FabricInfo;
 use super::raw;
 use crate::model::PciAddress;
 
@@ -117,6 +118,8 @@ pub struct GpuReading {
     /// UUIDs of its MIG devices (empty when MIG is off or not supported): what the device
     /// plugin hands out as `MIG-...` IDs.
     pub mig_uuids: Vec<String>,
+    /// NVLink fabric registration (`nvmlDeviceGetGpuFabricInfoV`).
+    pub fabric: Read<FabricInfo>,
 }
 
 impl GpuReading {
@@ -140,6 +143,7 @@ impl GpuReading {
             clock_events: Err(why.clone()),
             recovery_action: Err(why.clone()),
             mig_uuids: Vec::new(),
+            fabric: Err(why),
         }
     }
 
@@ -222,6 +226,7 @@ fn read_gpu(nvml: &Nvml, nvml_index: u32, device: &Device<'_>) -> GpuReading {
         clock_events: read(device.current_throttle_reasons()).map(|r| r.bits()),
         recovery_action: recovery_action(device),
         mig_uuids: mig_uuids(device),
+        fabric: raw::gpu_fabric_info(nvml, device),
     }
 }
 

@@ -1,5 +1,6 @@
-//! The two NVML calls nvml-wrapper 0.13 has no safe method for, wrapped safely:
-//! `nvmlDeviceGetRemappedRows` and `nvmlDeviceGetGpuMaxPcieLinkGeneration`.
+//! The NVML calls nvml-wrapper 0.13 has no safe method for, wrapped safely:
+//! `nvmlDeviceGetRemappedRows`, `nvmlDeviceGetGpuMaxPcieLinkGeneration` and
+//! `nvmlDeviceGetGpuFabricInfoV`.
 #![allow(unsafe_code)]
 
 use std::os::raw::c_uint;
@@ -7,6 +8,12 @@ use std::os::raw::c_uint;
 use nvml_wrapper::error::{nvml_sym, nvml_try};
 use nvml_wrapper::{Device, Nvml};
 
+use nvml_wrapper_sys::bindings::{
+    nvmlGpuFabricInfoV_t, nvmlGpuFabricInfo_v2_t, nvmlGpuFabricInfo_v3_t,
+    nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH, nvmlReturn_t,
+};
+
+use super::fabric::{FabricInfo, FabricState};
 use super::probe::{Read, RemapRows, Unread};
 
 /// Sort an NVML error into what the checks care about.
@@ -56,4 +63,54 @@ pub fn gpu_max_pcie_gen(nvml: &Nvml, device: &Device<'_>) -> Read<u32> {
     // SAFETY: as above: live handle, valid out-pointer, generated signature.
     unsafe { nvml_try(sym(device.handle(), &mut gen)) }.map_err(classify)?;
     Ok(gen)
+}
+
+/// `NVML_STRUCT_VERSION(GpuFabricInfo, version)`: the struct's size with the version in the
+/// top byte, as NVIDIA's header computes it.
+fn fabric_info_version(size: usize, version: u32) -> c_uint {
+    c_uint::try_from(size).unwrap_or(0) | (version << 24)
+}
+
+/// The GPU's NVLink fabric registration. Asks for the v3 struct (with the health summary)
+/// and, from a driver that knows only v2 (`NVML_ERROR_ARGUMENT_VERSION_MISMATCH`), v2: the
+/// two share every field but the last.
+pub fn gpu_fabric_info(nvml: &Nvml, device: &Device<'_>) -> Read<FabricInfo> {
+    let sym = nvml_sym(nvml.lib().nvmlDeviceGetGpuFabricInfoV.as_ref()).map_err(classify)?;
+    let versions = [
+        (
+            fabric_info_version(std::mem::size_of::<nvmlGpuFabricInfo_v3_t>(), 3),
+            true,
+        ),
+        (
+            fabric_info_version(std::mem::size_of::<nvmlGpuFabricInfo_v2_t>(), 2),
+            false,
+        ),
+    ];
+    for (version, has_summary) in versions {
+        let mut info = nvmlGpuFabricInfoV_t {
+            version,
+            clusterUuid: [0; 16],
+            status: 0,
+            cliqueId: 0,
+            state: 0,
+            healthMask: 0,
+            healthSummary: 0,
+        };
+        // SAFETY: live handle (as above); `info` is a valid, writable v3 struct, the largest
+        // version asked for, with `version` naming the layout the library may fill.
+        let code: nvmlReturn_t = unsafe { sym(device.handle(), &mut info) };
+        if code == nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH {
+            continue;
+        }
+        nvml_try(code).map_err(classify)?;
+        return Ok(FabricInfo {
+            state: FabricState::from_raw(info.state),
+            status: info.status,
+            clique_id: info.cliqueId,
+            cluster_uuid: info.clusterUuid,
+            health_mask: info.healthMask,
+            health_summary: has_summary.then_some(info.healthSummary),
+        });
+    }
+    Err(Unread::NotSupported)
 }
