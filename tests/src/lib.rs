@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod dbus;
 pub mod ec2;
 pub mod efa;
 pub mod http;

@@ -2,9 +2,9 @@
 //! file descriptor (a pipe's write end) whose closing is the lock's release, as logind's
 //! does, and the test can emit `PrepareForShutdown`.
 
-use std::io::Read;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
+
+use crate::dbus::PrivateBus;
 
 /// One inhibitor lock handed out.
 #[derive(Debug)]
@@ -69,7 +69,7 @@ pub struct FakeLogind {
     /// The bus address for `[logind] bus_address`.
     pub address: String,
     locks: Arc<Mutex<Vec<Lock>>>,
-    daemon: Child,
+    _bus: PrivateBus,
     runtime: tokio::runtime::Runtime,
     connection: zbus::Connection,
 }
@@ -77,18 +77,8 @@ pub struct FakeLogind {
 impl FakeLogind {
     /// Start `dbus-daemon` on a socket in `dir` and serve login1 on it.
     pub fn start(dir: &std::path::Path) -> Self {
-        let mut daemon = Command::new("dbus-daemon")
-            .args(["--session", "--nofork", "--print-address=1"])
-            .arg(format!("--address=unix:path={}", dir.join("bus").display()))
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("dbus-daemon (apt install dbus)");
-        let mut address = String::new();
-        let mut out = daemon.stdout.take().expect("stdout");
-        let mut byte = [0u8; 1];
-        while out.read(&mut byte).expect("read address") == 1 && byte[0] != b'\n' {
-            address.push(byte[0] as char);
-        }
+        let bus = PrivateBus::start(&dir.join("bus"));
+        let address = bus.address.clone();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -112,7 +102,7 @@ impl FakeLogind {
         Self {
             address,
             locks,
-            daemon,
+            _bus: bus,
             runtime,
             connection,
         }
@@ -157,12 +147,5 @@ impl FakeLogind {
                 .await
                 .expect("emit");
         });
-    }
-}
-
-impl Drop for FakeLogind {
-    fn drop(&mut self) {
-        let _ = self.daemon.kill();
-        let _ = self.daemon.wait();
     }
 }

@@ -5,6 +5,8 @@
 
 #[cfg(feature = "clients")]
 pub mod capacity_block;
+#[cfg(feature = "clients")]
+mod dbus;
 pub mod efa;
 pub mod imds;
 #[cfg(feature = "clients")]

@@ -67,17 +67,6 @@ pub struct Settings {
     pub nvlink_domain: Option<(bool, String)>,
 }
 
-async fn connect(settings: &Settings) -> zbus::Result<zbus::Connection> {
-    match &settings.bus_address {
-        Some(address) => {
-            zbus::connection::Builder::address(address.as_str())?
-                .build()
-                .await
-        }
-        None => zbus::Connection::system().await,
-    }
-}
-
 /// IMEX channel devices (`channel0`, ...) under `dir`.
 fn channels(dir: &Path) -> u32 {
     std::fs::read_dir(dir).map_or(0, |entries| {
@@ -151,7 +140,7 @@ async fn out_of_scope(settings: &Settings, manager: &ManagerProxy<'_>) -> Option
 pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown: Shutdown) {
     let state = |s| Observation::Source(SourceKind::Imex, s);
     let setup = async {
-        let connection = connect(&settings).await?;
+        let connection = super::dbus::connect(settings.bus_address.as_deref()).await?;
         let manager = ManagerProxy::new(&connection).await?;
         zbus::Result::Ok((connection, manager))
     };

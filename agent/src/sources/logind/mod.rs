@@ -43,17 +43,6 @@ pub struct Settings {
     pub wait_for_checkpoint: bool,
 }
 
-async fn connect(settings: &Settings) -> zbus::Result<zbus::Connection> {
-    match &settings.bus_address {
-        Some(address) => {
-            zbus::connection::Builder::address(address.as_str())?
-                .build()
-                .await
-        }
-        None => zbus::Connection::system().await,
-    }
-}
-
 async fn inhibit(manager: &ManagerProxy<'_>) -> zbus::Result<zbus::zvariant::OwnedFd> {
     manager
         .inhibit(
@@ -74,7 +63,7 @@ pub async fn run(
 ) {
     let state = |s| Observation::Source(SourceKind::Logind, s);
     let setup = async {
-        let connection = connect(&settings).await?;
+        let connection = super::dbus::connect(settings.bus_address.as_deref()).await?;
         let manager = ManagerProxy::new(&connection).await?;
         let signals = manager.receive_prepare_for_shutdown().await?;
         zbus::Result::Ok((connection, manager, signals))
