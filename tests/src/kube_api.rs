@@ -284,17 +284,23 @@ fn strategic_merge(node: &mut Value, patch: &Value) {
 
 /// JSON merge patch (RFC 7386).
 fn merge(target: &mut Value, patch: &Value) {
-    match (target.as_object_mut(), patch.as_object()) {
-        (Some(t), Some(p)) => {
-            for (k, v) in p {
-                if v.is_null() {
-                    t.remove(k);
-                } else {
-                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
-                }
+    let Some(p) = patch.as_object() else {
+        *target = patch.clone();
+        return;
+    };
+    // RFC 7386: an object patched onto anything but an object patches an empty object (so
+    // its nulls remove, never store, a key).
+    if !target.is_object() {
+        *target = json!({});
+    }
+    if let Some(t) = target.as_object_mut() {
+        for (k, v) in p {
+            if v.is_null() {
+                t.remove(k);
+            } else {
+                merge(t.entry(k.clone()).or_insert(Value::Null), v);
             }
         }
-        _ => *target = patch.clone(),
     }
 }
 

@@ -598,3 +598,109 @@ fn an_expired_node_event_is_created_again() {
     assert_eq!(sink_state(&agent)["state"], "on", "{}", sink_state(&agent));
     assert!(agent.stop().success());
 }
+
+/// Issue 29: the node lifecycle conditions (KEP-5683). A scheduled maintenance three days
+/// ahead sets MaintenancePlanned True at once, with the deadline in the message and in the
+/// annotation (the condition has no time field), and MaintenanceInProgress stays False; one
+/// whose act time (deadline - the checkpoint lead) comes during the test turns
+/// MaintenanceInProgress True then; canceled, both go back to False and the annotation is
+/// removed. The kubelet's own lifecycle types are never written.
+#[test]
+fn scheduled_maintenance_is_planned_at_once_in_progress_at_its_act_time_and_cleared_when_canceled()
+{
+    use gpu_agent_e2e::imds::{scheduled_reboot, FakeImds};
+    const ANNOTATION: &str = "gpu-agent.io/maintenance-deadline";
+    let host = Host::new();
+    let imds = FakeImds::start();
+    let api = KubeApi::start(&[NODE]);
+    let config = host.config(&format!(
+        "node_name = \"{NODE}\"\n[kubernetes]\nkubeconfig = {:?}\nheartbeat_interval = \"1s\"\n\
+         [imds]\nendpoint = {:?}\npoll_interval = \"200ms\"\n\
+         rebalance_interval = \"200ms\"\nscheduled_interval = \"200ms\"\n",
+        api.kubeconfig(host.dir.path()),
+        imds.endpoint()
+    ));
+    let agent = Agent::start(&config, &host.socket());
+    let condition = |type_: &str| {
+        api.condition(NODE, type_).map(|c| {
+            (
+                c["status"].as_str().unwrap_or_default().to_string(),
+                c["reason"].as_str().unwrap_or_default().to_string(),
+                c["message"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+    };
+    let annotation = || {
+        api.node(NODE).and_then(|n| {
+            n["metadata"]["annotations"][ANNOTATION]
+                .as_str()
+                .map(str::to_string)
+        })
+    };
+    wait(
+        Duration::from_secs(5),
+        "both lifecycle conditions False",
+        || {
+            condition("MaintenancePlanned").is_some_and(|c| c.0 == "False")
+                && condition("MaintenanceInProgress").is_some_and(|c| c.0 == "False")
+        },
+    );
+    assert_eq!(annotation(), None);
+
+    // Three days ahead: planned at once, not in progress.
+    let far = std::time::SystemTime::now() + Duration::from_secs(3 * 86_400);
+    imds.set_scheduled(&scheduled_reboot(far));
+    wait(Duration::from_secs(5), "MaintenancePlanned True", || {
+        condition("MaintenancePlanned").is_some_and(|c| c.0 == "True") && annotation().is_some()
+    });
+    let (_, reason, message) = condition("MaintenancePlanned").expect("planned");
+    let deadline = annotation().expect("annotation");
+    assert_eq!(reason, "ScheduledMaintenance");
+    assert!(message.contains(&deadline), "{message} / {deadline}");
+    // The notice's own deadline, to the second, as RFC 3339.
+    assert_eq!(deadline, gpu_agent_e2e::trainer::rfc3339(far), "annotation");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        condition("MaintenanceInProgress").map(|c| c.0).as_deref(),
+        Some("False"),
+        "three days ahead is not in progress"
+    );
+
+    // One whose act time (deadline - 10 min lead) is 3 s away.
+    let soon = std::time::SystemTime::now() + Duration::from_secs(600 + 3);
+    imds.set_scheduled(&scheduled_reboot(soon));
+    let took = wait(
+        Duration::from_secs(10),
+        "MaintenanceInProgress True",
+        || condition("MaintenanceInProgress").is_some_and(|c| c.0 == "True"),
+    );
+    assert!(
+        took >= Duration::from_millis(1500),
+        "in progress only at the act time, not {took:?} after the notice"
+    );
+    assert_eq!(
+        condition("MaintenanceInProgress").map(|c| c.1).as_deref(),
+        Some("ScheduledMaintenance")
+    );
+
+    // Canceled: both False, the annotation gone.
+    imds.set_scheduled("[]");
+    wait(Duration::from_secs(5), "both False again", || {
+        condition("MaintenancePlanned").is_some_and(|c| c.0 == "False")
+            && condition("MaintenanceInProgress").is_some_and(|c| c.0 == "False")
+            && annotation().is_none()
+    });
+    let node = api.node(NODE).expect("node");
+    for c in node["status"]["conditions"].as_array().expect("conditions") {
+        assert!(
+            ![
+                "GracefulNodeShutdownInProgress",
+                "DrainInProgress",
+                "Drained"
+            ]
+            .contains(&c["type"].as_str().unwrap_or_default()),
+            "the kubelet's own lifecycle types are never written: {c}"
+        );
+    }
+    assert!(agent.stop().success());
+}

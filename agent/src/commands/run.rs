@@ -352,6 +352,8 @@ fn spawn_node_conditions(
                 hardware: k.hardware_condition.clone(),
                 interruption: k.interruption_condition.clone(),
                 network: k.network_condition.clone(),
+                lifecycle: k.lifecycle_conditions,
+                lifecycle_rebalance: k.lifecycle_rebalance,
             },
             debounce: k.debounce.0,
             heartbeat: k.heartbeat_interval.0,

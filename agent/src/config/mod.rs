@@ -360,6 +360,15 @@ pub struct KubernetesConfig {
     pub heartbeat_interval: HumanDuration<SECOND, DAY>,
     /// Record warning and fatal faults as Node Events.
     pub events: bool,
+    /// Write the node lifecycle conditions (KEP-5683) `MaintenancePlanned` (a known end is
+    /// coming: Spot, scheduled maintenance, a Capacity Block's end, shutdown) and
+    /// `MaintenanceInProgress` (it is acted on now), with the deadline in the annotation
+    /// `gpu-agent.io/maintenance-deadline`. Plain conditions: harmless where nothing reads
+    /// them.
+    pub lifecycle_conditions: bool,
+    /// A rebalance recommendation also sets `MaintenancePlanned` (off: it is only a hint
+    /// that a Spot interruption may follow).
+    pub lifecycle_rebalance: bool,
     /// Time limit for every API call: connecting, each read and write, and the whole call. A
     /// server that accepts and never answers shows as the sink `failed` after this. Building
     /// the client (the kubeconfig's exec credential plugin included) gets three times this.
@@ -381,6 +390,8 @@ impl Default for KubernetesConfig {
             debounce: HumanDuration(std::time::Duration::from_millis(100)),
             heartbeat_interval: HumanDuration(std::time::Duration::from_secs(60)),
             events: true,
+            lifecycle_conditions: true,
+            lifecycle_rebalance: false,
             timeout: HumanDuration(std::time::Duration::from_secs(10)),
             kubelet_environment: PathBuf::from("/etc/eks/kubelet/environment"),
         }

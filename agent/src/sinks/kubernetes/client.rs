@@ -321,6 +321,21 @@ impl NodeApi {
         .map(|_| ())
     }
 
+    /// Set annotation `key` on the node to `value`, or remove it (`None`): a JSON merge
+    /// patch of `metadata.annotations` only.
+    pub async fn annotate(&self, key: &str, value: Option<&str>) -> Result<(), ApiError> {
+        let body = serde_json::json!({ "metadata": { "annotations": { key: value } } });
+        timed(
+            self.timeout,
+            "PATCH",
+            format!("nodes/{}", self.node),
+            self.nodes
+                .patch(&self.node, &PatchParams::default(), &Patch::Merge(&body)),
+        )
+        .await
+        .map(|_| ())
+    }
+
     /// Cordon the node (`spec.unschedulable = true`).
     pub async fn cordon(&self) -> Result<(), ApiError> {
         let body = serde_json::json!({ "spec": { "unschedulable": true } });

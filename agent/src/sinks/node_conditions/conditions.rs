@@ -18,6 +18,22 @@ pub struct ConditionTypes {
     pub interruption: String,
     /// The network fabric (EFA): `NetworkingReady`.
     pub network: String,
+    /// Also write the node lifecycle conditions `MaintenancePlanned` and
+    /// `MaintenanceInProgress` (and the deadline annotation).
+    pub lifecycle: bool,
+    /// A rebalance recommendation plans maintenance too.
+    pub lifecycle_rebalance: bool,
+}
+
+impl ConditionTypes {
+    /// Is `type_` one this agent writes?
+    pub fn owns(&self, type_: &str) -> bool {
+        type_ == self.hardware
+            || type_ == self.interruption
+            || type_ == self.network
+            || (self.lifecycle
+                && (type_ == super::lifecycle::PLANNED || type_ == super::lifecycle::IN_PROGRESS))
+    }
 }
 
 /// One condition as gpu-agent wants it.
@@ -40,6 +56,13 @@ pub fn desired(snapshot: &HealthSnapshot, types: &ConditionTypes, now: SystemTim
         interruption(snapshot, &types.interruption, now),
     ];
     out.extend(network(snapshot, &types.network));
+    if types.lifecycle {
+        out.extend(super::lifecycle::desired(
+            snapshot,
+            types.lifecycle_rebalance,
+            now,
+        ));
+    }
     out
 }
 
@@ -190,7 +213,8 @@ fn camel(kebab: &str) -> String {
         .collect()
 }
 
-fn truncate(text: &str) -> String {
+/// `text` cut to [`MAX_MESSAGE`] bytes (on a character boundary).
+pub(super) fn truncate(text: &str) -> String {
     if text.len() <= MAX_MESSAGE {
         return text.to_string();
     }
@@ -234,6 +258,8 @@ mod tests {
             hardware: "AcceleratedHardwareReady".into(),
             interruption: "InterruptionPending".into(),
             network: "NetworkingReady".into(),
+            lifecycle: false,
+            lifecycle_rebalance: false,
         }
     }
 

@@ -13,6 +13,7 @@
 
 mod conditions;
 mod events;
+mod lifecycle;
 mod metrics;
 
 use std::collections::HashMap;
@@ -62,6 +63,11 @@ struct Writer {
     node_uid: Option<String>,
     known: HashMap<String, Known>,
     posted: events::Posted,
+    /// The lifecycle deadline annotation as last written (`Some(None)`: removed); `None`:
+    /// not written to this node yet.
+    annotated: Option<Option<String>>,
+    /// The last annotation write failed (said once).
+    annotate_failing: bool,
 }
 
 impl Writer {
@@ -72,8 +78,7 @@ impl Writer {
         self.known.clear();
         for c in conditions {
             let type_ = c["type"].as_str().unwrap_or_default().to_string();
-            let t = &self.settings.types;
-            if type_ != t.hardware && type_ != t.interruption && type_ != t.network {
+            if !self.settings.types.owns(&type_) {
                 continue;
             }
             let transition = c["lastTransitionTime"]
@@ -111,6 +116,7 @@ impl Writer {
             self.node_uid = None;
             self.known.clear();
             self.posted = events::Posted::default();
+            self.annotated = None;
             self.node = Some(api.node().to_string());
         }
         if self.node_uid.is_none() {
@@ -163,6 +169,28 @@ impl Writer {
                         transition,
                     },
                 );
+            }
+        }
+        if self.settings.types.lifecycle {
+            let deadline = lifecycle::deadline(snapshot, self.settings.types.lifecycle_rebalance);
+            if self.annotated.as_ref() != Some(&deadline) {
+                // Never in the way of the conditions and Events: a refused annotation is
+                // said once and tried again at the next write.
+                match api
+                    .annotate(lifecycle::DEADLINE_ANNOTATION, deadline.as_deref())
+                    .await
+                {
+                    Ok(()) => {
+                        tracing::info!(annotation = lifecycle::DEADLINE_ANNOTATION, deadline = ?deadline, "Node maintenance deadline annotated.");
+                        self.annotated = Some(deadline);
+                        self.annotate_failing = false;
+                    }
+                    Err(e) => {
+                        if !std::mem::replace(&mut self.annotate_failing, true) {
+                            tracing::warn!(error = %e, annotation = lifecycle::DEADLINE_ANNOTATION, "Cannot annotate the node with the maintenance deadline; the conditions still carry it.");
+                        }
+                    }
+                }
             }
         }
         if self.settings.events {
@@ -241,6 +269,8 @@ pub async fn run(
         node_uid: None,
         known: HashMap::new(),
         posted: events::Posted::default(),
+        annotated: None,
+        annotate_failing: false,
     };
     let mut due: Option<Instant> = Some(Instant::now());
     let mut next_heartbeat = Instant::now() + settings.heartbeat;
