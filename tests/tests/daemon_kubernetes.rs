@@ -156,6 +156,17 @@ fn a_kernel_log_xid_reaches_the_api_server_within_a_second_and_a_flood_is_one_pa
         },
     );
     eprintln!("kernel log -> node condition: {:?}", started.elapsed());
+    // Issue 29: a GPU gone takes the whole node (the device plugin refuses every GPU pod
+    // then), and both the condition and `status` say why.
+    let message = api.condition(NODE, HW).expect("condition")["message"].clone();
+    assert!(
+        message
+            .as_str()
+            .is_some_and(|m| m.contains("the whole node is unfit")),
+        "{message}"
+    );
+    let (_, table) = agent.status(false);
+    assert!(table.contains("Whole node: a GPU is gone"), "{table}");
 
     // A flood of identical lines: no per-line requests.
     let patches_before = api

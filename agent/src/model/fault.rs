@@ -171,6 +171,17 @@ impl FaultCode {
         )
     }
 
+    /// The GPU is gone from the node: fallen off the bus (Xid 79 or the driver's bus line),
+    /// lost to NVML, or missing from NVML's enumeration. On a device-plugin node this takes
+    /// the whole node out: the NVIDIA device plugin builds its allocation over every GPU
+    /// and refuses every GPU pod once one is lost.
+    pub fn is_gpu_gone(&self) -> bool {
+        matches!(
+            self,
+            Self::FallenOffBus | Self::Xid(79) | Self::GpuLost | Self::GpuMissing
+        )
+    }
+
     /// An occurrence (an Xid, an SXid, the bus line), latched until cleared, rather than a
     /// condition a polling source reports while it lasts.
     pub fn is_event(&self) -> bool {

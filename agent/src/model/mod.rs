@@ -24,7 +24,7 @@ pub use holder::{
 pub use node_name::{NameSource, NodeName};
 pub use notice::{CheckpointReport, DeclaredLead, Notice, NoticeKind};
 pub use pci::{PciAddress, PciAddressError};
-pub use reason::reason;
+pub use reason::{reason, WHOLE_NODE};
 pub use snapshot::{
     GpuFabric, GpuIdentity, GpuStatus, GpuTelemetry, Health, HealthSnapshot, KmsgCounters,
     KmsgStats, PendingEnd, SinkStatus, SourceState, SourceStatus,

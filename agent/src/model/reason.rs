@@ -4,6 +4,11 @@
 
 use super::{Fault, FaultCode, Severity};
 
+/// Why one lost GPU condemns the whole node (the condition message and `status` say it).
+pub const WHOLE_NODE: &str = "a GPU is gone from the node (lost or fallen off the bus): the \
+     NVIDIA device plugin then refuses every GPU pod here, so the whole node is unfit, not \
+     only that GPU";
+
 /// The reason string for a fault.
 pub fn reason(code: FaultCode, severity: Severity) -> String {
     let level = if severity == Severity::Fatal {

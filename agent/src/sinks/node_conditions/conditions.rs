@@ -100,18 +100,23 @@ fn hardware(snapshot: &HealthSnapshot, type_: &str) -> Desired {
         .filter(|f| f.class.severity == Severity::Fatal && !f.code.is_network())
         .collect();
     match fatal.first() {
-        Some(worst) => Desired {
-            type_: type_.to_string(),
-            status: "False",
-            reason: worst.reason(),
-            message: truncate(
-                &fatal
-                    .iter()
-                    .map(|f| describe(f))
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            ),
-        },
+        Some(worst) => {
+            let mut message = fatal
+                .iter()
+                .map(|f| describe(f))
+                .collect::<Vec<_>>()
+                .join("; ");
+            // Said before the list can be cut: why the node, not one GPU, goes.
+            if fatal.iter().any(|f| f.code.is_gpu_gone()) {
+                message = format!("{}: {message}", crate::model::WHOLE_NODE);
+            }
+            Desired {
+                type_: type_.to_string(),
+                status: "False",
+                reason: worst.reason(),
+                message: truncate(&message),
+            }
+        }
         None => Desired {
             type_: type_.to_string(),
             status: "True",
@@ -298,7 +303,10 @@ mod tests {
         );
         assert_eq!(
             d[0].message,
-            "GPU 0000:3b:00.0: Xid 79 ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS, action reboot"
+            format!(
+                "{}: GPU 0000:3b:00.0: Xid 79 ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS, action reboot",
+                crate::model::WHOLE_NODE
+            )
         );
     }
 

@@ -201,6 +201,12 @@ pub fn render(s: &HealthSnapshot) -> String {
                 let _ = writeln!(out, "         escalated to {}: {why}", f.class.action);
             }
         }
+        if s.faults
+            .iter()
+            .any(|f| f.code.is_gpu_gone() && f.class.severity == crate::model::Severity::Fatal)
+        {
+            let _ = writeln!(out, "Whole node: {}.", crate::model::WHOLE_NODE);
+        }
     }
 
     if !s.checkpoints.is_empty() {
