@@ -61,10 +61,10 @@ built="$built_dir/$profile_dir/gpu-agent"
 [ -x "$built" ] || { echo "build-packages.sh: $built is missing" >&2; exit 66; }
 
 # Strip with the binutils of the binary's architecture (binutils' strip reads only its own).
-strip=strip
+strip=strip foreign=0
 case "$(readelf -h "$built" | sed -n 's/^ *Machine: *//p')" in
-  AArch64) [ "$(uname -m)" = aarch64 ] || strip=aarch64-linux-gnu-strip ;;
-  "Advanced Micro Devices X86-64") [ "$(uname -m)" = x86_64 ] || strip=x86_64-linux-gnu-strip ;;
+  AArch64) [ "$(uname -m)" = aarch64 ] || { strip=aarch64-linux-gnu-strip foreign=1; } ;;
+  "Advanced Micro Devices X86-64") [ "$(uname -m)" = x86_64 ] || { strip=x86_64-linux-gnu-strip foreign=1; } ;;
 esac
 command -v "$strip" >/dev/null || {
   echo "build-packages.sh: $strip is missing (Debian: binutils-aarch64-linux-gnu or binutils-x86-64-linux-gnu)" >&2
@@ -83,6 +83,9 @@ mkdir -p "$staged"
 "$strip" --strip-debug -o "$staged/gpu-agent" "$built"
 deb_fast=() rpm_fast=()
 if [ "$fast" = 1 ]; then deb_fast=(--fast); rpm_fast=(--payload-compress gzip); fi
+# A foreign architecture's libraries are not here for dpkg-shlibdeps: its dependencies are
+# stated in the `cross` variant instead.
+if [ "$foreign" = 1 ]; then deb_fast+=(--variant cross); fi
 CARGO_TARGET_DIR="$stage" cargo deb --locked --no-build --no-strip "${deb_fast[@]}" \
   "${target_args[@]}" -p gpu-agent --output "$out" >/dev/null
 rpm_arch=()

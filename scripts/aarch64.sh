@@ -9,8 +9,12 @@
 # The rustup toolchain here has only the x86_64 std and cannot download another, so the
 # cross toolchain is Debian's: a throwaway Debian root (debootstrap, minbase) of a suite whose
 # rustc is new enough for the workspace's rust-version, with its rustc and cargo, the arm64
-# standard library (libstd-rust-dev:arm64, multiarch), the aarch64 cross gcc and its libc headers (ring's
-# assembly and the linker) and qemu-user. The root, cargo's downloads and the build are kept in
+# standard library (libstd-rust-dev:arm64, multiarch), the aarch64 cross gcc (ring's C and
+# assembly, and the linker) and qemu-user. It links against Debian 12's arm64 glibc (2.36,
+# unpacked as a sysroot), not the suite's own: the binary must start on Amazon Linux 2023
+# (glibc 2.34), and a newer glibc gives Rust's weak symbols (pidfd_spawnp) versions AL2023
+# does not have; the script checks the binary needs no GLIBC_ version past 2.34, as the x86_64
+# package test does. The root, cargo's downloads and the build are kept in
 # the tools cache scripts/test.sh keeps (GPU_AGENT_TOOLS, default
 # /var/cache/gpu-agent-tests/tools), so a second run rebuilds only what changed.
 set -euo pipefail
@@ -32,11 +36,14 @@ triple=aarch64-unknown-linux-gnu
 # Debian forky ships rustc 1.97 (the workspace needs 1.89; trixie's 1.85 is too old).
 suite=forky
 mirror=http://deb.debian.org/debian
-packages=(rustc cargo libstd-rust-dev:arm64 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
-  ca-certificates)
+packages=(rustc cargo libstd-rust-dev:arm64 gcc-aarch64-linux-gnu qemu-user ca-certificates)
+# The glibc the binary is linked against: Debian 12's arm64 packages, unpacked into the root.
+sysroot_suite=bookworm
+sysroot=/opt/sysroot-$sysroot_suite
+sysroot_packages=(libc6:arm64 libc6-dev:arm64 linux-libc-dev:arm64)
 cache="$tools/aarch64"
 root="$cache/root-$suite"
-stamp="$suite ${packages[*]}"
+stamp="$suite ${packages[*]} $sysroot_suite ${sysroot_packages[*]}"
 
 # On this machine: debootstrap for the root; the aarch64 binutils (strip) and dpkg-deb and rpm
 # to package and inspect.
@@ -55,8 +62,10 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 mounts=()
+daemon=""
 cleanup() {
   local i
+  if [ -n "$daemon" ]; then kill -TERM "$daemon" 2>/dev/null || true; fi
   for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do umount -l "${mounts[$i]}" 2>/dev/null || true; done
 }
 trap cleanup EXIT
@@ -81,6 +90,13 @@ if [ "$(cat "$root/.gpu-agent-root" 2>/dev/null)" != "$stamp" ]; then
   in_root apt-get -o Acquire::Check-Valid-Until=false update -qq
   in_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     "${packages[@]}" >/dev/null
+  # The sysroot: downloaded from the older suite (arm64 only), unpacked, never installed.
+  echo "deb [arch=arm64] $mirror $sysroot_suite main" \
+    >"$root/etc/apt/sources.list.d/$sysroot_suite-sysroot.list"
+  in_root apt-get -o Acquire::Check-Valid-Until=false update -qq
+  in_root sh -c "mkdir -p /tmp/sysroot-debs $sysroot && cd /tmp/sysroot-debs &&
+    apt-get download -qq $(printf '%s/'"$sysroot_suite"' ' "${sysroot_packages[@]}") &&
+    for d in *.deb; do dpkg-deb -x \"\$d\" $sysroot; done && rm -rf /tmp/sysroot-debs"
   in_root apt-get clean
   echo "$stamp" >"$root/.gpu-agent-root"
   cleanup
@@ -104,6 +120,8 @@ cp "${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}" "$root/etc/host-ca.crt
 export_env=(
   CARGO_HOME=/cargo-home CARGO_TARGET_DIR=/target CARGO_HTTP_CAINFO=/etc/host-ca.crt
   CARGO_PROFILE_DEV_DEBUG=0
+  "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUSTFLAGS=-C link-arg=--sysroot=$sysroot"
+  "CFLAGS_aarch64_unknown_linux_gnu=--sysroot=$sysroot"
   CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
   CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar
 )
@@ -113,6 +131,14 @@ phase "built for $triple"
 built="$cache/target/$triple/debug/gpu-agent"
 machine="$(readelf -h "$built" | sed -n 's/^ *Machine: *//p')"
 [ "$machine" = AArch64 ] || { echo "aarch64.sh: $built is a $machine binary" >&2; exit 1; }
+# Amazon Linux 2023 has glibc 2.34: no symbol version past it (weak ones included: the loader
+# refuses a missing version whatever the symbol's binding).
+newest="$(aarch64-linux-gnu-objdump -T "$built" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)"
+if [ "$(printf '%s\nGLIBC_2.34\n' "$newest" | sort -V | tail -1)" != GLIBC_2.34 ]; then
+  echo "aarch64.sh: the aarch64 binary needs $newest; Amazon Linux 2023 has glibc 2.34" >&2
+  exit 1
+fi
+echo "aarch64.sh: the binary needs glibc up to $newest"
 
 # Under qemu-user, inside the root (its arm64 libc and loader): the one-shot commands, then
 # the daemon with its embedded default config (in the root, its state and sockets are the
@@ -122,11 +148,16 @@ agent=(qemu-aarch64 "/target/$triple/debug/gpu-agent")
 in_root "${agent[@]}" --help | grep -q "Usage: gpu-agent"
 in_root "${agent[@]}" default-config >"$root/tmp/aarch64-config.toml"
 in_root "${agent[@]}" --config /tmp/aarch64-config.toml check
-in_root sh -c 'rm -f /tmp/aarch64-agent.log; exec "$@" run >/tmp/aarch64-agent.log 2>&1' sh "${agent[@]}" &
+# Not through in_root (a function: in the background it would be a subshell, and $! its pid):
+# chroot, env and sh each exec the next, so $! is the agent's own process under qemu.
+chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
+  sh -c 'rm -f /tmp/aarch64-agent.log; exec "$@" run >/tmp/aarch64-agent.log 2>&1' sh "${agent[@]}" &
 daemon=$!
 answered=""
 for _ in $(seq 1 300); do
-  if status="$(in_root "${agent[@]}" status 2>/dev/null)"; then
+  # Exit 0 healthy, 1 with a warning or fault: either is an answer; what matters is the page.
+  status="$(in_root "${agent[@]}" status 2>/dev/null || true)"
+  if grep -q '^Health:' <<<"$status"; then
     answered=1
     break
   fi
@@ -146,6 +177,7 @@ wait "$daemon" || {
   cat "$root/tmp/aarch64-agent.log" >&2
   exit 1
 }
+daemon=""
 phase "the aarch64 binary ran under qemu-user"
 
 # Packages: an arm64 .deb and an aarch64 .rpm of that binary (the package tests do the same
@@ -157,5 +189,10 @@ packaging/build-packages.sh --profile dev --target "$triple" --target-dir "$cach
 deb_arch="$(dpkg-deb -f "$out"/gpu-agent_*.deb Architecture)"
 rpm_arch="$(rpm -qp --qf '%{ARCH}' "$out"/gpu-agent-*.rpm 2>/dev/null)"
 [ "$deb_arch" = arm64 ] || { echo "aarch64.sh: the .deb is for $deb_arch" >&2; exit 1; }
+deb_depends="$(dpkg-deb -f "$out"/gpu-agent_*.deb Depends)"
+case "$deb_depends" in
+  *"libc6 (>= 2.34)"*) ;;
+  *) echo "aarch64.sh: the .deb depends on '$deb_depends', not glibc" >&2; exit 1 ;;
+esac
 [ "$rpm_arch" = aarch64 ] || { echo "aarch64.sh: the .rpm is for $rpm_arch" >&2; exit 1; }
 phase "packaged: arm64 .deb, aarch64 .rpm"
