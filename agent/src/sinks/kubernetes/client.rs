@@ -321,33 +321,30 @@ impl NodeApi {
         .map(|_| ())
     }
 
-    /// Set annotation `key` on the node to `value`, or remove it (`None`): a JSON merge
-    /// patch of `metadata.annotations` only.
-    pub async fn annotate(&self, key: &str, value: Option<&str>) -> Result<(), ApiError> {
-        let body = serde_json::json!({ "metadata": { "annotations": { key: value } } });
+    /// JSON merge PATCH of the node object itself (not its status).
+    async fn merge_patch(&self, body: &serde_json::Value) -> Result<(), ApiError> {
         timed(
             self.timeout,
             "PATCH",
             format!("nodes/{}", self.node),
             self.nodes
-                .patch(&self.node, &PatchParams::default(), &Patch::Merge(&body)),
+                .patch(&self.node, &PatchParams::default(), &Patch::Merge(body)),
         )
         .await
         .map(|_| ())
     }
 
+    /// Set annotation `key` on the node to `value`, or remove it (`None`): a JSON merge
+    /// patch of `metadata.annotations` only.
+    pub async fn annotate(&self, key: &str, value: Option<&str>) -> Result<(), ApiError> {
+        self.merge_patch(&serde_json::json!({ "metadata": { "annotations": { key: value } } }))
+            .await
+    }
+
     /// Cordon the node (`spec.unschedulable = true`).
     pub async fn cordon(&self) -> Result<(), ApiError> {
-        let body = serde_json::json!({ "spec": { "unschedulable": true } });
-        timed(
-            self.timeout,
-            "PATCH",
-            format!("nodes/{}", self.node),
-            self.nodes
-                .patch(&self.node, &PatchParams::default(), &Patch::Merge(&body)),
-        )
-        .await
-        .map(|_| ())
+        self.merge_patch(&serde_json::json!({ "spec": { "unschedulable": true } }))
+            .await
     }
 
     /// Merge-PATCH a Node Event (count, timestamps, message).

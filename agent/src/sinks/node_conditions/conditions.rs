@@ -187,12 +187,7 @@ fn interruption(snapshot: &HealthSnapshot, type_: &str, now: SystemTime) -> Desi
             type_: type_.to_string(),
             status: "True",
             reason: camel(&end.kind) + "Pending",
-            message: truncate(&format!(
-                "{} ends at {}: {}",
-                end.kind,
-                crate::model::time::rfc3339(end.deadline),
-                end.detail
-            )),
+            message: ends_at(end),
         },
         None => Desired {
             type_: type_.to_string(),
@@ -203,6 +198,16 @@ fn interruption(snapshot: &HealthSnapshot, type_: &str, now: SystemTime) -> Desi
                     .into(),
         },
     }
+}
+
+/// `<kind> ends at <deadline>: <detail>`, the message of an end being acted on.
+pub(super) fn ends_at(end: &crate::model::PendingEnd) -> String {
+    truncate(&format!(
+        "{} ends at {}: {}",
+        end.kind,
+        crate::model::time::rfc3339(end.deadline),
+        end.detail
+    ))
 }
 
 /// `capacity-block` -> `CapacityBlock`.

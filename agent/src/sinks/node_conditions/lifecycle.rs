@@ -6,7 +6,7 @@
 
 use std::time::SystemTime;
 
-use super::conditions::{truncate, Desired};
+use super::conditions::{ends_at, truncate, Desired};
 use crate::model::{HealthSnapshot, Notice, NoticeKind};
 
 /// A known end of the instance is coming.
@@ -80,12 +80,7 @@ pub fn desired(snapshot: &HealthSnapshot, rebalance: bool, now: SystemTime) -> [
                 .find(|k| k.name() == end.kind)
                 .map_or("InstanceEnding", |k| reason(*k))
                 .into(),
-            message: truncate(&format!(
-                "{} ends at {}: {}",
-                end.kind,
-                crate::model::time::rfc3339(end.deadline),
-                end.detail
-            )),
+            message: ends_at(end),
         },
         None => Desired {
             type_: IN_PROGRESS.into(),
