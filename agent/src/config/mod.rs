@@ -4,15 +4,44 @@
 //! exists, else the embedded default ([`DEFAULT_TOML`]). Unknown keys and bad values are
 //! rejected with the file, the key and the reason.
 
+mod checkpoint;
 mod duration;
+mod ec2;
+mod efa;
+mod host;
+mod imds;
+mod imex;
+mod kmsg;
+mod kubelet;
+mod kubernetes;
+mod logind;
+mod metrics;
+mod nvml;
+mod nvrx;
+mod pod_resources;
+mod status;
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use checkpoint::{CheckpointConfig, LeadConfig};
 pub use duration::HumanDuration;
-use duration::{DAY, HOUR, MINUTE, MS, SECOND};
+use duration::{DAY, MINUTE};
+pub use ec2::Ec2Config;
+pub use efa::EfaConfig;
+pub use host::{ProcfsConfig, SysfsConfig};
+pub use imds::ImdsConfig;
+pub use imex::ImexConfig;
+pub use kmsg::KmsgConfig;
+pub use kubelet::KubeletConfig;
+pub use kubernetes::KubernetesConfig;
+pub use logind::LogindConfig;
+pub use metrics::MetricsConfig;
+pub use nvml::NvmlConfig;
+pub use nvrx::NvrxConfig;
+pub use pod_resources::PodResourcesConfig;
+pub use status::StatusConfig;
 
 /// Where the config file lives when `--config` is not given.
 pub const DEFAULT_PATH: &str = "/etc/gpu-agent/config.toml";
@@ -108,487 +137,6 @@ pub struct Config {
     pub nvrx: NvrxConfig,
 }
 
-/// `[nvrx]`: NVRx's node health check (`ft_launcher --ft-node-health-check-endpoint
-/// unix://<socket>`), answered from the health model.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct NvrxConfig {
-    /// The Unix socket to serve `nvhcd.HealthCheckService` on; empty: off.
-    pub socket: PathBuf,
-    /// The group (name or number) that may call it besides root and the agent's own group
-    /// (the socket is 0660; the group is given access by an ACL); empty: no other.
-    pub group: String,
-}
-
-/// `[checkpoint]`: signal the training processes before the instance goes.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct CheckpointConfig {
-    /// Signal targets on notices.
-    pub enabled: bool,
-    /// The signal (`SIGUSR1`); processes that opt in with `GPU_AGENT_CHECKPOINT_SIGNAL` get theirs.
-    pub signal: String,
-    /// Notice kinds that trigger a checkpoint: spot, scheduled-maintenance, capacity-block,
-    /// shutdown (default), rebalance, fatal-fault.
-    pub triggers: Vec<crate::model::NoticeKind>,
-    /// How long before the deadline to signal, per kind (Spot and shutdown: at once).
-    pub lead: LeadConfig,
-    /// Device files whose holders are GPU processes.
-    pub device_glob: String,
-    /// Process names never signalled, beyond the built-in system daemons.
-    pub exclude: Vec<String>,
-    /// Honour `GPU_AGENT_CHECKPOINT_SIGNAL` in process environments (opt-in targets).
-    pub opt_in_env: bool,
-    /// Also cordon the node on a notice (for clusters without a termination handler; needs
-    /// patch on nodes).
-    pub cordon: bool,
-    /// An ending of the instance already signalled covers a later ending within this window
-    /// (a shutdown after a Spot notice or a Capacity Block end): one ending, one signal.
-    pub ending_window: HumanDuration<0, DAY>,
-    /// Fatal faults within this window of a fatal fault already signalled are the same
-    /// incident (`fatal-fault` trigger): one incident, one signal.
-    pub incident_window: HumanDuration<0, DAY>,
-    /// After a signal, how long the agent waits for the signalled processes to finish; a
-    /// host shutdown is held this long at most (keep it under logind's
-    /// `InhibitDelayMaxSec` and `[logind] max_delay`).
-    pub hold: HumanDuration<0, { 30 * MINUTE }>,
-    /// The current ending as JSON, for trainers that poll instead of taking a signal
-    /// (world-readable, replaced atomically, absent when nothing is pending); empty: off.
-    pub notice_file: PathBuf,
-    /// Where a signalled process confirms its checkpoint: it writes `done` (or the
-    /// checkpoint's path) to `<ack_dir>/<its pid>`, as it sees both (read through its own
-    /// root and PID namespace); empty: only an exit confirms.
-    pub ack_dir: PathBuf,
-}
-
-/// `[checkpoint.lead]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default, rename_all = "kebab-case")]
-pub struct LeadConfig {
-    /// Before scheduled maintenance's `NotBefore`.
-    pub scheduled_maintenance: HumanDuration<0, DAY>,
-    /// Before the Capacity Block's termination start (EndDate - 30 min).
-    pub capacity_block: HumanDuration<0, DAY>,
-}
-
-impl Default for LeadConfig {
-    fn default() -> Self {
-        Self {
-            scheduled_maintenance: HumanDuration(std::time::Duration::from_secs(600)),
-            capacity_block: HumanDuration(std::time::Duration::from_secs(900)),
-        }
-    }
-}
-
-impl Default for CheckpointConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            signal: "SIGUSR1".into(),
-            triggers: vec![
-                crate::model::NoticeKind::Spot,
-                crate::model::NoticeKind::ScheduledMaintenance,
-                crate::model::NoticeKind::CapacityBlock,
-                crate::model::NoticeKind::Shutdown,
-            ],
-            lead: LeadConfig::default(),
-            device_glob: "/dev/nvidia[0-9]*".into(),
-            exclude: Vec::new(),
-            opt_in_env: true,
-            cordon: false,
-            ending_window: HumanDuration(std::time::Duration::from_secs(3600)),
-            incident_window: HumanDuration(std::time::Duration::from_secs(600)),
-            hold: HumanDuration(std::time::Duration::from_secs(50)),
-            notice_file: PathBuf::from("/run/gpu-agent/notice.json"),
-            ack_dir: PathBuf::from("/run/gpu-agent/ack"),
-        }
-    }
-}
-
-/// `[imds]`: EC2 instance metadata.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ImdsConfig {
-    /// Poll IMDS (only on EC2, unless `endpoint` is set).
-    pub enabled: bool,
-    /// Endpoint override (tests point it at a loopback server); empty: the standard
-    /// `AWS_EC2_METADATA_SERVICE_ENDPOINT` variable, else the link-local address on EC2.
-    pub endpoint: String,
-    /// How often the Spot instance-action is polled (it gives two minutes).
-    pub poll_interval: HumanDuration<{ 100 * MS }, MINUTE>,
-    /// How often the rebalance recommendation is polled (it changes rarely).
-    pub rebalance_interval: HumanDuration<{ 100 * MS }, HOUR>,
-    /// How often scheduled events are polled (announced days ahead).
-    pub scheduled_interval: HumanDuration<{ 100 * MS }, DAY>,
-}
-
-impl Default for ImdsConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            endpoint: String::new(),
-            poll_interval: HumanDuration(std::time::Duration::from_secs(1)),
-            rebalance_interval: HumanDuration(std::time::Duration::from_secs(30)),
-            scheduled_interval: HumanDuration(std::time::Duration::from_secs(60)),
-        }
-    }
-}
-
-/// `[ec2]`: the EC2 API, for the Capacity Block end.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Ec2Config {
-    /// Look up the Capacity Block end.
-    pub enabled: bool,
-    /// Endpoint override (tests); empty: the region's endpoint.
-    pub endpoint: String,
-    /// How often to re-read the reservation; one lookup (IMDS, credentials, both EC2 calls)
-    /// is cut off after this, or a minute if that is shorter.
-    pub poll_interval: HumanDuration<SECOND, DAY>,
-}
-
-impl Default for Ec2Config {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            endpoint: String::new(),
-            poll_interval: HumanDuration(std::time::Duration::from_secs(300)),
-        }
-    }
-}
-
-/// `[logind]`: host shutdown through systemd-logind.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LogindConfig {
-    /// Watch for shutdown.
-    pub enabled: bool,
-    /// D-Bus system bus address; empty: the standard system bus.
-    pub bus_address: String,
-    /// Longest the shutdown is delayed while targets are signalled and finish (also capped
-    /// by logind's `InhibitDelayMaxSec`, 60 s with the package's drop-in).
-    pub max_delay: HumanDuration<0, HOUR>,
-}
-
-impl Default for LogindConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            bus_address: String::new(),
-            max_delay: HumanDuration(std::time::Duration::from_secs(60)),
-        }
-    }
-}
-
-/// `[kubelet]`: overrides for `gpu-agent kubelet-config`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct KubeletConfig {
-    /// Physical cores reserved for the system and kubelet; 0 = one per 32 CPUs (1 to 8), at
-    /// least one per NUMA node.
-    pub reserved_cores: u32,
-    /// `auto` (single-numa-node on one NUMA node, else best-effort), `none`, `best-effort`,
-    /// `restricted` or `single-numa-node`.
-    pub topology_policy: String,
-    /// `pod` or `container`.
-    pub topology_scope: String,
-    /// `full-pcpus-only`: `auto` (on when SMT is on), `true` or `false`.
-    pub full_pcpus_only: String,
-    /// Memory Manager `Static` (with per-NUMA `reservedMemory`).
-    pub memory_manager: bool,
-    /// `kubeReserved.memory`: `auto` (nodeadm's 11 × maxPods + 255 Mi for the instance type)
-    /// or a quantity such as `2Gi`.
-    pub kube_reserved_memory: String,
-    /// `systemReserved.memory`.
-    pub system_reserved_memory: String,
-    /// `evictionHard["memory.available"]`.
-    pub eviction_hard_memory: String,
-    /// `auto` (nodeadm when its drop-in directory exists, else the kubelet drop-in),
-    /// `nodeadm` or `kubelet-drop-in`.
-    pub target: String,
-    /// nodeadm's NodeConfig drop-in directory.
-    pub nodeadm_dir: PathBuf,
-    /// The kubelet's `--config-dir`.
-    pub kubelet_config_dir: PathBuf,
-    /// The kubelet's root directory (checkpoints).
-    pub kubelet_root: PathBuf,
-    /// Kubelet version the options are checked against (`MAJOR.MINOR`).
-    pub kubelet_version: String,
-}
-
-impl Default for KubeletConfig {
-    fn default() -> Self {
-        Self {
-            reserved_cores: 0,
-            topology_policy: "auto".into(),
-            topology_scope: "pod".into(),
-            full_pcpus_only: "auto".into(),
-            memory_manager: true,
-            kube_reserved_memory: "auto".into(),
-            system_reserved_memory: "1Gi".into(),
-            eviction_hard_memory: "100Mi".into(),
-            target: "auto".into(),
-            nodeadm_dir: PathBuf::from("/etc/eks/nodeadm.d"),
-            kubelet_config_dir: PathBuf::from("/etc/kubernetes/kubelet/config.json.d"),
-            kubelet_root: PathBuf::from("/var/lib/kubelet"),
-            kubelet_version: "1.33".into(),
-        }
-    }
-}
-
-/// `[kubernetes]`: node conditions and events for EKS node auto repair and Karpenter.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct KubernetesConfig {
-    /// Write conditions and events.
-    pub enabled: bool,
-    /// Kubeconfig (the kubelet's, exec credential plugin included). If absent and running in
-    /// a pod, the in-cluster config is used; otherwise the sink is off (standalone).
-    pub kubeconfig: PathBuf,
-    /// Condition type for GPU health.
-    pub hardware_condition: String,
-    /// Condition type for a pending end of the instance.
-    pub interruption_condition: String,
-    /// Condition type for the network fabric (EFA): `NetworkingReady`, which EKS node auto
-    /// repair acts on (replace after 30 min).
-    pub network_condition: String,
-    /// The first change after a quiet window is written at once; changes within this long
-    /// of a write are gathered into the next PATCH (at most 1s: changes must reach the API
-    /// server within a second).
-    pub debounce: HumanDuration<0, SECOND>,
-    /// `lastHeartbeatTime` is refreshed this often with no change.
-    pub heartbeat_interval: HumanDuration<SECOND, DAY>,
-    /// Record warning and fatal faults as Node Events.
-    pub events: bool,
-    /// Write the node lifecycle conditions (KEP-5683) `MaintenancePlanned` (a known end is
-    /// coming: Spot, scheduled maintenance, a Capacity Block's end, shutdown) and
-    /// `MaintenanceInProgress` (it is acted on now), with the deadline in the annotation
-    /// `gpu-agent.io/maintenance-deadline`. Plain conditions: harmless where nothing reads
-    /// them.
-    pub lifecycle_conditions: bool,
-    /// A rebalance recommendation also sets `MaintenancePlanned` (off: it is only a hint
-    /// that a Spot interruption may follow).
-    pub lifecycle_rebalance: bool,
-    /// Time limit for every API call: connecting, each read and write, and the whole call. A
-    /// server that accepts and never answers shows as the sink `failed` after this. Building
-    /// the client (the kubeconfig's exec credential plugin included) gets three times this.
-    pub timeout: HumanDuration<{ 100 * MS }, { 5 * MINUTE }>,
-    /// nodeadm's kubelet environment file, whose `NODEADM_KUBELET_ARGS` carries the
-    /// kubelet's `--hostname-override` before the kubelet runs (a hint: the running kubelet's
-    /// command line wins).
-    pub kubelet_environment: PathBuf,
-}
-
-impl Default for KubernetesConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            kubeconfig: PathBuf::from("/var/lib/kubelet/kubeconfig"),
-            hardware_condition: "AcceleratedHardwareReady".into(),
-            interruption_condition: "InterruptionPending".into(),
-            network_condition: "NetworkingReady".into(),
-            debounce: HumanDuration(std::time::Duration::from_millis(100)),
-            heartbeat_interval: HumanDuration(std::time::Duration::from_secs(60)),
-            events: true,
-            lifecycle_conditions: true,
-            lifecycle_rebalance: false,
-            timeout: HumanDuration(std::time::Duration::from_secs(10)),
-            kubelet_environment: PathBuf::from("/etc/eks/kubelet/environment"),
-        }
-    }
-}
-
-/// `[pod_resources]`: the kubelet's pod-resources API, asked when a GPU fault, a checkpoint
-/// signal or `status` needs to know which pod holds a GPU (never polled).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PodResourcesConfig {
-    /// Ask the kubelet; post GPU faults on the pods holding the GPU (needs `[kubernetes]`).
-    pub enabled: bool,
-    /// The kubelet's pod-resources socket (gRPC `v1.PodResourcesLister`).
-    pub socket: PathBuf,
-    /// Time limit for connecting and for the `List` call (10ms to 1.5s: `status` answers
-    /// within 2s, holders included).
-    pub timeout: HumanDuration<{ 10 * MS }, { 1500 * MS }>,
-    /// How long one answer is reused (a burst of faults costs one `List`).
-    pub cache_for: HumanDuration<0, MINUTE>,
-    /// Extended resources whose name starts with this are GPUs (`nvidia.com/gpu`,
-    /// `nvidia.com/gpu.shared`, `nvidia.com/mig-1g.10gb`, ...).
-    pub resource_prefix: String,
-}
-
-impl Default for PodResourcesConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            socket: PathBuf::from("/var/lib/kubelet/pod-resources/kubelet.sock"),
-            timeout: HumanDuration(std::time::Duration::from_secs(1)),
-            cache_for: HumanDuration(std::time::Duration::from_secs(2)),
-            resource_prefix: "nvidia.com/".into(),
-        }
-    }
-}
-
-/// `[efa]`: the Elastic Fabric Adapters' health, from sysfs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct EfaConfig {
-    /// Watch the EFA devices (off by itself where there are none).
-    pub enabled: bool,
-    /// How often the devices are read.
-    pub poll_interval: HumanDuration<SECOND, HOUR>,
-    /// Counters are turned into rates over this window, and a fault outlives its evidence
-    /// by it (a link back up, rates under the limits, for a whole window).
-    pub window: HumanDuration<{ 10 * SECOND }, HOUR>,
-    /// From boot, how long fewer devices than expected are not a fault (EFA devices can
-    /// initialise late: seen on p5en).
-    pub startup_grace: HumanDuration<0, HOUR>,
-    /// EFA devices this node should have; 0: from the instance type (a type not in the
-    /// table: not checked). Set it where nodes are launched with fewer EFA interfaces than
-    /// the type allows.
-    pub expected_devices: u32,
-    /// An error counter (`rx_drops`, `rdma_read_wr_err`, `rdma_write_wr_err`,
-    /// `unresponsive_remote_events`, `impaired_remote_conn_events`, `retrans_timeout_events`)
-    /// rising faster than this per minute is a warning.
-    pub errors_warning_per_minute: f64,
-    /// ... and faster than this, fatal (`NetworkingReady=False`).
-    pub errors_fatal_per_minute: f64,
-    /// `retrans_pkts` rising faster than this per minute is a warning (never fatal).
-    pub retrans_warning_per_minute: f64,
-}
-
-impl Default for EfaConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            poll_interval: HumanDuration(std::time::Duration::from_secs(5)),
-            window: HumanDuration(std::time::Duration::from_secs(60)),
-            startup_grace: HumanDuration(std::time::Duration::from_secs(300)),
-            expected_devices: 0,
-            errors_warning_per_minute: 60.0,
-            errors_fatal_per_minute: 600.0,
-            retrans_warning_per_minute: 60_000.0,
-        }
-    }
-}
-
-/// `[imex]`: the host's IMEX daemon, through which multi-node NVLink (GB200/GB300 NVL72)
-/// shares GPU memory across the domain's nodes. Checked only where it is the host's job:
-/// the instance type has an NVLink domain or the host unit is enabled, and never on a type
-/// known to have none (p5, p6-b200...).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ImexConfig {
-    /// Watch the host's IMEX unit (off by itself where IMEX is not the host's).
-    pub enabled: bool,
-    /// D-Bus system bus address (systemd's manager); empty: the standard system bus.
-    pub bus_address: String,
-    /// The host's IMEX unit.
-    pub unit: String,
-    /// Where the IMEX channel devices are (`channel0`, ...).
-    pub channels_dir: std::path::PathBuf,
-    /// How often the unit and its channels are read.
-    pub poll_interval: HumanDuration<SECOND, HOUR>,
-    /// From boot, how long the unit may take to become active.
-    pub startup_grace: HumanDuration<0, HOUR>,
-}
-
-impl Default for ImexConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            bus_address: String::new(),
-            unit: "nvidia-imex.service".into(),
-            channels_dir: "/dev/nvidia-caps-imex-channels".into(),
-            poll_interval: HumanDuration(std::time::Duration::from_secs(30)),
-            startup_grace: HumanDuration(std::time::Duration::from_secs(300)),
-        }
-    }
-}
-
-/// `[nvml]`: GPU health polled through NVML (no DCGM needed).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct NvmlConfig {
-    /// Poll NVML.
-    pub enabled: bool,
-    /// The NVML library: a file name searched the usual way, or a path.
-    pub library: PathBuf,
-    /// How often to poll.
-    pub poll_interval: HumanDuration<{ 100 * MS }, HOUR>,
-    /// GPUs this node should have; 0 derives it from the instance type (DMI product name)
-    /// or, failing that, from the NVIDIA GPUs on the PCI bus.
-    pub expected_gpus: u32,
-    /// From boot, how long NVLinks that have not come up yet are not judged: on HGX hosts
-    /// nvidia-fabricmanager trains them after the agent starts. A link that was up and goes
-    /// down is fatal at once, grace or not; one never up after the grace is a warning.
-    pub nvlink_boot_grace: HumanDuration<0, DAY>,
-}
-
-impl Default for NvmlConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            library: PathBuf::from("libnvidia-ml.so.1"),
-            poll_interval: HumanDuration(std::time::Duration::from_secs(10)),
-            expected_gpus: 0,
-            nvlink_boot_grace: HumanDuration(std::time::Duration::from_secs(600)),
-        }
-    }
-}
-
-/// `[status]`: the socket `gpu-agent status` (and `clear`) talks to.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct StatusConfig {
-    /// Unix socket path; its directory is made 0750 and must never be shared with pods (not
-    /// the notice file's, the NVRx socket's or the ack directory's).
-    pub socket: PathBuf,
-}
-
-/// `[kmsg]`: the kernel-log source.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct KmsgConfig {
-    /// Follow the kernel log.
-    pub enabled: bool,
-    /// The kernel log device, or a file holding a `/dev/kmsg` dump.
-    pub path: PathBuf,
-    /// How often a repeating fault is summarised in the agent's own log.
-    pub repeat_log_interval: HumanDuration<MS, DAY>,
-    /// Count fault lines written by userspace (any facility but the kernel's) as faults.
-    /// Off: only the kernel's own lines and `gpu-agent inject`'s marked drill lines count, so
-    /// nothing that can write to `/dev/kmsg` can forge an Xid; the rest are counted as
-    /// ignored. On: for test rigs that replay real lines through `/dev/kmsg`.
-    pub accept_userspace: bool,
-}
-
-/// `[sysfs]`: where sysfs is mounted.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SysfsConfig {
-    /// Root directory (`/sys`).
-    pub root: PathBuf,
-}
-
-/// `[procfs]`: where procfs is mounted.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ProcfsConfig {
-    /// Root directory (`/proc`).
-    pub root: PathBuf,
-}
-
-/// `[metrics]`: the Prometheus endpoint.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct MetricsConfig {
-    /// Serve `/metrics`.
-    pub enabled: bool,
-    /// Listen address.
-    pub listen: SocketAddr,
-}
-
 impl Default for Config {
     fn default() -> Self {
         Self {
@@ -614,50 +162,6 @@ impl Default for Config {
             ec2: Ec2Config::default(),
             logind: LogindConfig::default(),
             nvrx: NvrxConfig::default(),
-        }
-    }
-}
-
-impl Default for StatusConfig {
-    fn default() -> Self {
-        Self {
-            socket: PathBuf::from("/run/gpu-agent-admin/agent.sock"),
-        }
-    }
-}
-
-impl Default for KmsgConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            path: PathBuf::from("/dev/kmsg"),
-            repeat_log_interval: HumanDuration(std::time::Duration::from_secs(60)),
-            accept_userspace: false,
-        }
-    }
-}
-
-impl Default for SysfsConfig {
-    fn default() -> Self {
-        Self {
-            root: PathBuf::from("/sys"),
-        }
-    }
-}
-
-impl Default for ProcfsConfig {
-    fn default() -> Self {
-        Self {
-            root: PathBuf::from("/proc"),
-        }
-    }
-}
-
-impl Default for MetricsConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            listen: SocketAddr::from(([127, 0, 0, 1], 9467)),
         }
     }
 }

@@ -1,0 +1,39 @@
+//! `[nvml]`: GPU health polled through NVML.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::duration::{DAY, HOUR, MS};
+use super::HumanDuration;
+
+/// `[nvml]`: GPU health polled through NVML (no DCGM needed).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NvmlConfig {
+    /// Poll NVML.
+    pub enabled: bool,
+    /// The NVML library: a file name searched the usual way, or a path.
+    pub library: PathBuf,
+    /// How often to poll.
+    pub poll_interval: HumanDuration<{ 100 * MS }, HOUR>,
+    /// GPUs this node should have; 0 derives it from the instance type (DMI product name)
+    /// or, failing that, from the NVIDIA GPUs on the PCI bus.
+    pub expected_gpus: u32,
+    /// From boot, how long NVLinks that have not come up yet are not judged: on HGX hosts
+    /// nvidia-fabricmanager trains them after the agent starts. A link that was up and goes
+    /// down is fatal at once, grace or not; one never up after the grace is a warning.
+    pub nvlink_boot_grace: HumanDuration<0, DAY>,
+}
+
+impl Default for NvmlConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            library: PathBuf::from("libnvidia-ml.so.1"),
+            poll_interval: HumanDuration(std::time::Duration::from_secs(10)),
+            expected_gpus: 0,
+            nvlink_boot_grace: HumanDuration(std::time::Duration::from_secs(600)),
+        }
+    }
+}
