@@ -1,21 +1,27 @@
 //! The node's health model: faults merged from every source, keyed by component and code.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
+
+mod escalation;
+mod occurrence;
+mod snapshot;
+
+use escalation::{recurrence_key, Episodes};
+use occurrence::{latch, Occurrence, SAME_OCCURRENCE};
 
 use super::persist::{BootSighting, PersistedState};
 use crate::host::NvidiaDevices;
 use crate::model::{
-    Action, Component, Fault, FaultCode, FaultReport, GpuIdentity, GpuStatus, Health,
-    HealthSnapshot, KmsgStats, NodeName, Observation, PciAddress, Severity, SourceKind,
-    SourceState, SourceStatus,
+    Action, Component, Fault, FaultCode, FaultReport, GpuIdentity, NodeName, Observation, Severity,
+    SourceKind, SourceState,
 };
 
 /// The most distinct faults kept; past this the least severe, oldest one is dropped, so a
 /// flood of garbage addresses cannot grow memory.
 pub const MAX_FAULTS: usize = 1024;
 
-type Key = (Component, FaultCode);
+pub(super) type Key = (Component, FaultCode);
 
 /// When a repeating fault was last written to the log.
 #[derive(Debug, Clone, Copy)]
@@ -56,114 +62,6 @@ pub struct HealthModel {
     /// The EFA devices as the `efa` source last found them.
     efa: Vec<crate::model::EfaDevice>,
     imex: Option<crate::model::ImexState>,
-}
-
-/// The latest occurrence of a fault, as first one path and then maybe the other saw it.
-#[derive(Debug, Clone)]
-struct Occurrence {
-    /// The path whose verdict this occurrence carries (the kernel log once it has spoken).
-    source: SourceKind,
-    /// When it was first seen.
-    at: SystemTime,
-    /// Its verdict.
-    class: crate::model::Classification,
-    /// What the fault's earlier occurrences had latched (`None`: this is its first).
-    before: Option<crate::model::Classification>,
-    /// It was the driver's all-clear (the fault is gone).
-    all_clear: bool,
-}
-
-impl Occurrence {
-    /// `report`'s occurrence, after earlier ones latched `before`.
-    fn of(
-        report: &FaultReport,
-        before: Option<crate::model::Classification>,
-        all_clear: bool,
-    ) -> Self {
-        Self {
-            source: report.source,
-            at: report.at,
-            class: report.class.clone(),
-            before,
-            all_clear,
-        }
-    }
-}
-
-/// Is `a` a worse verdict than `b` (more severe, or as severe with a harsher action)?
-fn worse(a: &crate::model::Classification, b: &crate::model::Classification) -> bool {
-    (a.severity, a.action) > (b.severity, b.action)
-}
-
-/// The fault's class once this occurrence says `now`: the worse of it and what the earlier
-/// occurrences latched (`before`), with the harsher of their actions; never milder than
-/// `before`.
-fn latch(
-    before: Option<&crate::model::Classification>,
-    now: &crate::model::Classification,
-) -> crate::model::Classification {
-    match before {
-        Some(b) => {
-            let mut class = if worse(now, b) {
-                now.clone()
-            } else {
-                b.clone()
-            };
-            class.action = b.action.max(now.action);
-            class
-        }
-        None => now.clone(),
-    }
-}
-
-/// Boots remembered per fault for recurrence.
-const RECURRENCE_BOOTS: usize = 8;
-/// The same fault reported by two sources this close together is one occurrence.
-const SAME_OCCURRENCE: Duration = Duration::from_secs(10);
-/// An episode of a fault ends after this long without a line of it: a burst, or a storm of
-/// any length, with no quiet gap this long is one episode.
-const EPISODE_GAP: Duration = Duration::from_secs(60);
-
-/// The episodes of one fault in this boot.
-#[derive(Debug, Default)]
-struct Episodes {
-    /// When each episode within the window began.
-    starts: Vec<SystemTime>,
-    /// The latest occurrence: the current episode ends [`EPISODE_GAP`] after it.
-    last: Option<SystemTime>,
-}
-
-impl Episodes {
-    /// Count an occurrence at `at`; `true` when it begins a new episode.
-    fn occur(&mut self, at: SystemTime) -> bool {
-        let new = self
-            .last
-            .is_none_or(|last| at.duration_since(last).is_ok_and(|gap| gap >= EPISODE_GAP));
-        self.last = Some(self.last.map_or(at, |last| last.max(at)));
-        if new {
-            self.starts.push(at);
-        }
-        new
-    }
-}
-
-/// Whether `then` lies within `window` before (or after) `at`.
-fn within(at: SystemTime, then: SystemTime, window: Duration) -> bool {
-    at.duration_since(then).map_or(true, |age| age <= window)
-}
-
-fn recurrence_key(key: &Key) -> String {
-    serde_json::to_string(key).unwrap_or_default()
-}
-
-/// GPUs compare by domain, bus and device; kernel-log lines omit the function.
-fn slot(pci: PciAddress) -> (u32, u8, u8) {
-    (pci.domain, pci.bus, pci.device)
-}
-
-/// A slot as the state file names it (`0000:18:00`).
-fn slot_name(pci: PciAddress) -> String {
-    format!("{:04x}:{:02x}:{:02x}", pci.domain, pci.bus, pci.device)
 }
 
 impl HealthModel {
@@ -217,65 +115,6 @@ impl HealthModel {
         self.escalate_window = window;
     }
 
-    /// Count an occurrence at `at` of a fatal fault fixed by a reset or reboot. Seen in
-    /// `escalate_after_boots` boots within the window, a reboot evidently does not fix it:
-    /// the action becomes replace. Within one boot, repeated episodes escalate a reset to a
-    /// reboot, never further.
-    fn track_recurrence(&mut self, key: Key, at: SystemTime) {
-        let Some(fault) = self.faults.get_mut(&key) else {
-            return;
-        };
-        if fault.drill
-            || fault.class.severity != Severity::Fatal
-            || !matches!(fault.class.action, Action::ResetGpu | Action::Reboot)
-        {
-            return;
-        }
-        let window = self.escalate_window;
-        let boots = self.recurrence.entry(recurrence_key(&key)).or_default();
-        if !boots.iter().any(|b| b.boot_id == self.boot_id) {
-            boots.push(BootSighting {
-                boot_id: self.boot_id.clone(),
-                at,
-            });
-            if boots.len() > RECURRENCE_BOOTS {
-                boots.remove(0);
-            }
-        }
-        let recent = boots.iter().filter(|b| within(at, b.at, window)).count();
-        if recent >= self.escalate_after_boots {
-            fault.class.action = Action::Replace;
-            fault.escalated = Some(format!(
-                "recurred in {recent} boots within {}: a reset or reboot does not fix it",
-                humantime::format_duration(window)
-            ));
-            return;
-        }
-        let episodes = self.episodes.entry(key).or_default();
-        episodes.occur(at);
-        episodes.starts.retain(|t| within(at, *t, window));
-        if fault.class.action == Action::ResetGpu
-            && episodes.starts.len() >= self.escalate_after_repeats
-        {
-            fault.class.action = Action::Reboot;
-            fault.escalated = Some(format!(
-                "{} episodes within {} in this boot: a GPU reset does not fix it",
-                episodes.starts.len(),
-                humantime::format_duration(window)
-            ));
-        }
-    }
-
-    /// Whether an escalated replace has its evidence: the fault was seen in enough boots
-    /// (when it escalated they lay within the window; a storm in one boot never qualifies).
-    fn replace_is_evidenced(&self, fault: &Fault) -> bool {
-        let key = (fault.component, fault.code);
-        self.recurrence
-            .get(&recurrence_key(&key))
-            .map_or(0, Vec::len)
-            >= self.escalate_after_boots
-    }
-
     /// Remove faults an operator declares repaired: those `selector` matches (reason, code
     /// or label), or all with `None`. Their recurrence history goes too. Returns their labels.
     pub fn clear(&mut self, selector: Option<&str>) -> Vec<String> {
@@ -302,86 +141,6 @@ impl HealthModel {
             self.episodes.clear();
         }
         cleared
-    }
-
-    /// Note which GPU NVML sees in each slot. Where a slot holds another GPU than it did (an
-    /// EC2 stop/start onto new hardware, a GPU swapped in repair), what earlier boots learnt
-    /// of the old one goes: its faults kept across the reboot (a `replace`) and its boot
-    /// sightings. What this boot saw in that slot is the new GPU's and stays. Returns whether
-    /// a fault went.
-    fn follow_hardware(&mut self, gpus: &[GpuIdentity]) -> bool {
-        let mut changed = false;
-        for gpu in gpus {
-            let (Some(pci), Some(id)) = (gpu.pci, gpu.uuid.as_ref().or(gpu.serial.as_ref())) else {
-                continue;
-            };
-            let place = slot_name(pci);
-            match self.hardware.insert(place.clone(), id.clone()) {
-                Some(old) if old != *id => {
-                    tracing::warn!(slot = %place, was = %old, now = %id, "Another GPU in this slot: the old GPU's history is dropped.");
-                    changed |= self.forget_earlier_boots(pci);
-                }
-                _ => {}
-            }
-        }
-        changed
-    }
-
-    /// Drop what earlier boots recorded for the GPU in `pci`'s slot. Returns whether a fault
-    /// went or changed.
-    fn forget_earlier_boots(&mut self, pci: PciAddress) -> bool {
-        let here = |component: &Component| matches!(component, Component::Gpu { pci: p } if slot(*p) == slot(pci));
-        let before = self.faults.len();
-        let boot_id = self.boot_id.clone();
-        self.faults.retain(|key, fault| {
-            let old = here(&key.0) && fault.boot_id != boot_id;
-            if old {
-                tracing::warn!(fault = %fault.label(), "Fault of the GPU that was in this slot dropped.");
-            }
-            !old
-        });
-        self.recurrence.retain(|key, boots| {
-            if serde_json::from_str::<Key>(key).is_ok_and(|k| here(&k.0)) {
-                boots.retain(|b| b.boot_id == boot_id);
-            }
-            !boots.is_empty()
-        });
-        let mut changed = self.faults.len() != before;
-        // A fault of this boot that the old GPU's sightings escalated to replace (only
-        // recurrence across boots escalates that far) goes back to its own verdict.
-        for (key, fault) in self.faults.iter_mut().filter(|(k, _)| here(&k.0)) {
-            if fault.class.action == Action::Replace && fault.escalated.is_some() {
-                fault.class.action = self
-                    .occurrences
-                    .get(key)
-                    .map_or(Action::Reboot, |o| o.class.action);
-                fault.escalated = None;
-                changed = true;
-            }
-        }
-        changed
-    }
-
-    /// Every GPU known, from sysfs or NVML, in bus order: the index is the position.
-    fn gpu_addresses(&self) -> Vec<PciAddress> {
-        let mut all: Vec<PciAddress> = self.devices.gpus.iter().map(|d| d.pci).collect();
-        for pci in self.nvml_gpus.iter().filter_map(|g| g.pci) {
-            if !all.iter().any(|a| slot(*a) == slot(pci)) {
-                all.push(pci);
-            }
-        }
-        all.sort_by_key(|a| slot(*a));
-        all
-    }
-
-    fn gpu_index(addresses: &[PciAddress], component: Component) -> Option<u32> {
-        let Component::Gpu { pci } = component else {
-            return None;
-        };
-        addresses
-            .iter()
-            .position(|a| slot(*a) == slot(pci))
-            .and_then(|i| u32::try_from(i).ok())
     }
 
     /// Take over a persisted state. Same boot: everything, including the kernel-log cursor.
@@ -743,148 +502,6 @@ impl HealthModel {
             count: fault.count,
         };
     }
-
-    /// The earliest notice that ends the instance, with what was signalled for it.
-    /// The end acted on first: the earliest act time (a Spot notice or a shutdown: now),
-    /// then the earliest deadline. A far scheduled maintenance never hides a Spot notice.
-    fn pending_end(&self) -> Option<crate::model::PendingEnd> {
-        // The node acts on the configured lead; a pod's longer declared lead moves only its
-        // own processes' signal (said in `lead_from`).
-        let lead_of =
-            |n: &crate::model::Notice| self.leads.get(&n.kind).copied().unwrap_or_default();
-        let n = self
-            .notices
-            .values()
-            .flatten()
-            .filter(|n| n.kind.ends_instance())
-            .min_by_key(|n| {
-                let act_at = n.act_at(lead_of(n)).unwrap_or(SystemTime::UNIX_EPOCH);
-                (act_at, n.deadline)
-            })?;
-        let report = self.checkpoints.get(&n.id);
-        let lead = lead_of(n);
-        let lead_from = self
-            .declared_lead
-            .as_ref()
-            .filter(|d| d.lead > lead)
-            .and_then(|d| {
-                let pod_at = n.act_at(crate::model::notice::pod_lead(lead, d.lead))?;
-                Some(format!(
-                    "pod {} declares a {} checkpoint: its own processes are signalled at {}",
-                    d.pod,
-                    humantime::format_duration(d.lead),
-                    crate::model::time::rfc3339(pod_at)
-                ))
-            });
-        Some(crate::model::PendingEnd {
-            kind: n.kind.name().to_string(),
-            deadline: n.deadline,
-            detail: n.detail.clone(),
-            signalled: report.map_or(0, |c| c.signalled),
-            act_at: n.act_at(lead),
-            lead_from,
-            covered_by: report.and_then(|c| c.covered_by.clone()),
-            waiting_for: report.map(|c| c.waiting_for.clone()).unwrap_or_default(),
-        })
-    }
-
-    /// Everything a sink needs, worst fault first.
-    pub fn snapshot(&self, kmsg: KmsgStats) -> HealthSnapshot {
-        let addresses = self.gpu_addresses();
-        let mut faults: Vec<Fault> = self.faults.values().cloned().collect();
-        for fault in &mut faults {
-            fault.gpu_index = Self::gpu_index(&addresses, fault.component);
-        }
-        faults.sort_by(|a, b| {
-            (b.class.severity, b.class.action, b.last_seen).cmp(&(
-                a.class.severity,
-                a.class.action,
-                a.last_seen,
-            ))
-        });
-        let gpus: Vec<GpuStatus> = addresses
-            .iter()
-            .enumerate()
-            .map(|(index, pci)| {
-                let index = u32::try_from(index).unwrap_or(u32::MAX);
-                let mine: Vec<&Fault> = faults
-                    .iter()
-                    .filter(|f| f.gpu_index == Some(index))
-                    .collect();
-                GpuStatus {
-                    index,
-                    pci: *pci,
-                    nvml: self
-                        .nvml_gpus
-                        .iter()
-                        .find(|g| g.pci.is_some_and(|p| slot(p) == slot(*pci)))
-                        .cloned(),
-                    health: Health::from_worst(mine.iter().map(|f| f.class.severity).max()),
-                    faults: mine.iter().map(|f| f.code.to_string()).collect(),
-                    holders: Vec::new(),
-                }
-            })
-            .collect();
-        let worst = faults.iter().map(|f| f.class.severity).max();
-        let health = Health::from_worst(worst);
-        let sources = self
-            .sources
-            .iter()
-            .map(|(source, state)| SourceStatus {
-                source: *source,
-                state: state.clone(),
-            })
-            .collect();
-        HealthSnapshot {
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            node_name: self.node_name.name.clone(),
-            node_name_source: self.node_name.source,
-            boot_id: self.boot_id.clone(),
-            health,
-            summary: {
-                let mut line = summary(addresses.len(), &faults, &self.sources);
-                if let Some(end) = self.pending_end() {
-                    line.push_str(&format!(
-                        "; {} end at {} ({} signalled)",
-                        end.kind,
-                        crate::model::time::rfc3339(end.deadline),
-                        end.signalled
-                    ));
-                }
-                line
-            },
-            gpus,
-            faults,
-            sources,
-            sinks: self
-                .sinks
-                .iter()
-                .map(|(sink, state)| crate::model::SinkStatus {
-                    sink: sink.clone(),
-                    state: state.clone(),
-                })
-                .collect(),
-            pending_end: self.pending_end(),
-            checkpoints: {
-                let mut all: Vec<crate::model::CheckpointReport> =
-                    self.checkpoints.values().cloned().collect();
-                all.sort_by(|a, b| a.notice_id.cmp(&b.notice_id));
-                all
-            },
-            notices: {
-                let mut all: Vec<crate::model::Notice> =
-                    self.notices.values().flatten().cloned().collect();
-                all.sort_by_key(|n| n.deadline);
-                all
-            },
-            kmsg,
-            driver_version: self.driver_version.clone(),
-            efa: self.efa.clone(),
-            imex: self.imex.clone(),
-            holders: None,
-            updated_at: SystemTime::now(),
-        }
-    }
 }
 
 fn log_new(fault: &Fault) {
@@ -914,45 +531,6 @@ fn log_new(fault: &Fault) {
     }
 }
 
-/// `8 GPUs, 1 fatal: GPU 3 Xid 79 (reboot)`; `8 GPUs, healthy`.
-fn summary(
-    gpu_count: usize,
-    faults: &[Fault],
-    sources: &BTreeMap<SourceKind, SourceState>,
-) -> String {
-    let gpus = match gpu_count {
-        0 => "no GPUs".to_string(),
-        1 => "1 GPU".to_string(),
-        n => format!("{n} GPUs"),
-    };
-    let count = |s| faults.iter().filter(|f| f.class.severity == s).count();
-    let (fatal, warning) = (count(Severity::Fatal), count(Severity::Warning));
-    let mut line = match faults.first() {
-        Some(worst) if worst.class.severity > Severity::Info => {
-            let mut parts = Vec::new();
-            if fatal > 0 {
-                parts.push(format!("{fatal} fatal"));
-            }
-            if warning > 0 {
-                parts.push(format!("{warning} warning"));
-            }
-            format!(
-                "{gpus}, {}: {} ({})",
-                parts.join(", "),
-                worst.label(),
-                worst.class.action
-            )
-        }
-        _ => format!("{gpus}, healthy"),
-    };
-    for (source, state) in sources {
-        if let SourceState::Failed(_) = state {
-            line.push_str(&format!("; {source} failed"));
-        }
-    }
-    line
-}
-
 #[cfg(test)]
 impl HealthModel {
     /// An empty model with no GPUs (tests).
@@ -969,7 +547,7 @@ impl HealthModel {
     }
 
     /// Merge a kernel-log fault line seen at `at` (tests).
-    pub fn apply_line(&mut self, line: &str, at: SystemTime) {
+    pub fn apply_line(&mut self, line: &str, at: std::time::SystemTime) {
         let report =
             crate::sources::kmsg::report(line, None, at, crate::catalog::DriverBranch::Unknown)
                 .expect("a fault line");
@@ -983,6 +561,8 @@ mod tests {
     use crate::catalog::{classify_xid, DriverBranch};
     use crate::host::PciDevice;
     use crate::model::PciAddress;
+    use crate::model::{Health, KmsgStats};
+    use std::time::SystemTime;
 
     fn pci(text: &str) -> PciAddress {
         text.parse().expect("address")
