@@ -1,5 +1,6 @@
 //! A private `dbus-daemon` on a socket in a test's directory: the bus the fake logind and
-//! the fake systemd manager serve on, and the agent connects to by address.
+//! the fake systemd manager serve on, and the agent connects to by address, with the runtime
+//! the fakes' D-Bus objects run on.
 
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
@@ -8,6 +9,8 @@ use std::process::{Child, Command, Stdio};
 pub struct PrivateBus {
     /// The bus address (`unix:path=...,guid=...`).
     pub address: String,
+    /// Where the fakes' objects on this bus are served.
+    pub runtime: tokio::runtime::Runtime,
     daemon: Child,
 }
 
@@ -26,7 +29,16 @@ impl PrivateBus {
         while out.read(&mut byte).expect("read address") == 1 && byte[0] != b'\n' {
             address.push(byte[0] as char);
         }
-        Self { address, daemon }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        Self {
+            address,
+            runtime,
+            daemon,
+        }
     }
 }
 

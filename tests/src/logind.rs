@@ -69,8 +69,7 @@ pub struct FakeLogind {
     /// The bus address for `[logind] bus_address`.
     pub address: String,
     locks: Arc<Mutex<Vec<Lock>>>,
-    _bus: PrivateBus,
-    runtime: tokio::runtime::Runtime,
+    bus: PrivateBus,
     connection: zbus::Connection,
 }
 
@@ -79,16 +78,11 @@ impl FakeLogind {
     pub fn start(dir: &std::path::Path) -> Self {
         let bus = PrivateBus::start(&dir.join("bus"));
         let address = bus.address.clone();
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("runtime");
         let locks = Arc::new(Mutex::new(Vec::new()));
         let login1 = Login1 {
             locks: Arc::clone(&locks),
         };
-        let connection = runtime.block_on(async {
+        let connection = bus.runtime.block_on(async {
             zbus::connection::Builder::address(address.as_str())
                 .expect("address")
                 .name("org.freedesktop.login1")
@@ -102,8 +96,7 @@ impl FakeLogind {
         Self {
             address,
             locks,
-            _bus: bus,
-            runtime,
+            bus,
             connection,
         }
     }
@@ -136,7 +129,7 @@ impl FakeLogind {
 
     /// Emit `PrepareForShutdown(start)`.
     pub fn prepare_for_shutdown(&self, start: bool) {
-        self.runtime.block_on(async {
+        self.bus.runtime.block_on(async {
             let iface = self
                 .connection
                 .object_server()

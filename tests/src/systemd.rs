@@ -84,7 +84,6 @@ pub struct FakeSystemd {
     pub address: String,
     unit: Arc<Mutex<Option<server::UnitState>>>,
     _bus: PrivateBus,
-    _runtime: tokio::runtime::Runtime,
     _connection: zbus::Connection,
 }
 
@@ -95,11 +94,6 @@ impl FakeSystemd {
     pub fn start(dir: &std::path::Path, unit: Option<(&str, &str, &str)>) -> Self {
         let bus = PrivateBus::start(&dir.join("systemd-bus"));
         let address = bus.address.clone();
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("runtime");
         let state = Arc::new(Mutex::new(unit.map(|(name, file_state, active_state)| {
             server::UnitState {
                 name: name.into(),
@@ -108,7 +102,7 @@ impl FakeSystemd {
             }
         })));
         let path = server::unit_path(unit.map_or("none.service", |u| u.0));
-        let connection = runtime.block_on(async {
+        let connection = bus.runtime.block_on(async {
             zbus::connection::Builder::address(address.as_str())
                 .expect("address")
                 .name("org.freedesktop.systemd1")
@@ -135,7 +129,6 @@ impl FakeSystemd {
             address,
             unit: state,
             _bus: bus,
-            _runtime: runtime,
             _connection: connection,
         }
     }

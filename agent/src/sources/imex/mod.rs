@@ -136,6 +136,30 @@ async fn out_of_scope(settings: &Settings, manager: &ManagerProxy<'_>) -> Option
     }
 }
 
+/// The unit's `ActiveState`. Its object is looked up once (`LoadUnit`, kept in `unit`), then
+/// only the property is read, fresh each time: no property cache or signal match to keep.
+async fn active_state<'a>(
+    connection: &'a zbus::Connection,
+    manager: &ManagerProxy<'_>,
+    name: &str,
+    unit: &mut Option<UnitProxy<'a>>,
+) -> zbus::Result<String> {
+    let proxy = match unit {
+        Some(proxy) => proxy,
+        None => {
+            let path = manager.load_unit(name).await?;
+            unit.insert(
+                UnitProxy::builder(connection)
+                    .path(path)?
+                    .cache_properties(zbus::proxy::CacheProperties::No)
+                    .build()
+                    .await?,
+            )
+        }
+    };
+    proxy.active_state().await
+}
+
 /// Run until shutdown of the agent itself.
 pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown: Shutdown) {
     let state = |s| Observation::Source(SourceKind::Imex, s);
@@ -161,6 +185,7 @@ pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown
     let _ = tx.send(state(SourceState::On)).await;
     tracing::info!(unit = %settings.unit, "Watching the host's IMEX daemon.");
     let mut failing = false;
+    let mut unit = None;
     let mut tick = tokio::time::interval(settings.poll_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -168,17 +193,9 @@ pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown
             _ = tick.tick() => {}
             () = shutdown.wait() => return,
         }
-        let read = async {
-            let path = manager.load_unit(&settings.unit).await?;
-            // Read fresh each poll: no property cache (and no signal match) to keep.
-            let unit = UnitProxy::builder(&connection)
-                .path(path)?
-                .cache_properties(zbus::proxy::CacheProperties::No)
-                .build()
-                .await?;
-            unit.active_state().await
-        };
-        let active_state = match read.await {
+        let active_state = match active_state(&connection, &manager, &settings.unit, &mut unit)
+            .await
+        {
             Ok(active) => active,
             Err(e) => {
                 if !failing {

@@ -167,11 +167,14 @@ impl FabricInfo {
         &self,
         booting: bool,
     ) -> Option<(FaultCode, Severity, Action, &'static str, String)> {
-        let domain = format!(
-            "cluster {} clique {}",
-            self.cluster_uuid_text(),
-            self.clique_id
-        );
+        // Built only for a fault: a healthy poll allocates nothing.
+        let domain = || {
+            format!(
+                "cluster {} clique {}",
+                self.cluster_uuid_text(),
+                self.clique_id
+            )
+        };
         match self.state {
             FabricState::NotSupported => None,
             FabricState::NotStarted | FabricState::InProgress if booting => None,
@@ -192,8 +195,9 @@ impl FabricInfo {
                 Action::Reboot,
                 "GPU_FABRIC_REGISTRATION_FAILED",
                 format!(
-                    "NVLink fabric registration completed with error {} ({domain})",
-                    self.status
+                    "NVLink fabric registration completed with error {} ({})",
+                    self.status,
+                    domain()
                 ),
             )),
             FabricState::Completed => self.health().map(|(code, severity, action, what)| {
@@ -207,7 +211,7 @@ impl FabricInfo {
                     severity,
                     action,
                     name,
-                    format!("NVLink fabric health: {what} ({domain})"),
+                    format!("NVLink fabric health: {what} ({})", domain()),
                 )
             }),
         }
