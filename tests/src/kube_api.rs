@@ -3,7 +3,11 @@
 //! `PATCH /api/v1/nodes/NAME/status` that requires `application/strategic-merge-patch+json`
 //! (415 otherwise) and merges `status.conditions` by `type`, Events created with `POST`
 //! (409 AlreadyExists on a duplicate name) and updated with merge-`PATCH`; modes for 401, 403,
-//! 500, slow answers and requests never answered. Errors are `Status` objects, as the real server sends.
+//! 500, slow answers and requests never answered. `resource.k8s.io` as a 1.36/1.37 server
+//! has it: discovery (DeviceTaintRule in `v1`, `v1beta2` or neither), ResourceSlices as the
+//! NVIDIA DRA driver publishes them (listed by field selector), and cluster-scoped
+//! DeviceTaintRules (409 on an existing name, 404, 403 without RBAC, 422 on an invalid
+//! effect, `timeAdded` set by the server). Errors are `Status` objects, as the real server sends.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -65,6 +69,18 @@ pub struct State {
     pub delay: Duration,
     /// Requests received.
     pub requests: Vec<Recorded>,
+    /// The `resource.k8s.io` versions served with DeviceTaintRule (`v1`, `v1beta2`); empty:
+    /// none (a cluster before 1.36, or the gate off). ResourceSlices are served in `v1`
+    /// (and `v1beta2`) either way.
+    pub taint_rule_versions: Vec<String>,
+    /// ResourceSlices.
+    pub slices: Vec<Value>,
+    /// DeviceTaintRules by name (cluster-scoped).
+    pub rules: BTreeMap<String, Value>,
+    /// Every DeviceTaintRule call is refused 403 (the ClusterRole not applied).
+    pub rules_forbidden: bool,
+    /// Rules ever deleted (names), in order.
+    pub deleted_rules: Vec<String>,
 }
 
 /// A running test API server.
@@ -102,6 +118,11 @@ impl KubeApi {
             mode: Mode::Normal,
             delay: Duration::ZERO,
             requests: Vec::new(),
+            taint_rule_versions: Vec::new(),
+            slices: Vec::new(),
+            rules: BTreeMap::new(),
+            rules_forbidden: false,
+            deleted_rules: Vec::new(),
         }));
         Self::serve(state, "127.0.0.1:0".parse().expect("addr"))
     }
@@ -217,6 +238,75 @@ impl KubeApi {
             .lock()
             .expect("state")
             .events
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Serve DeviceTaintRule in these `resource.k8s.io` versions (none: not at all).
+    pub fn serve_taint_rules(&self, versions: &[&str]) {
+        self.state.lock().expect("state").taint_rule_versions =
+            versions.iter().map(|v| v.to_string()).collect();
+    }
+
+    /// Publish a ResourceSlice as the NVIDIA DRA driver does for `node`: one device per GPU
+    /// (`(name, uuid)`) and per MIG device (`(name, uuid, parent uuid)`), each with its
+    /// `uuid` attribute (and `parentUUID` for MIG).
+    pub fn publish_gpus(&self, node: &str, gpus: &[(&str, &str)], migs: &[(&str, &str, &str)]) {
+        let mut devices: Vec<Value> = gpus
+            .iter()
+            .enumerate()
+            .map(|(i, (name, uuid))| {
+                json!({
+                    "name": name,
+                    "attributes": {
+                        "type": { "string": "gpu" },
+                        "uuid": { "string": uuid },
+                        "index": { "int": i },
+                        "productName": { "string": "NVIDIA H100 80GB HBM3" },
+                        "driverVersion": { "version": "580.95.5" },
+                    },
+                    "capacity": { "memory": { "value": "80Gi" } },
+                })
+            })
+            .collect();
+        devices.extend(migs.iter().map(|(name, uuid, parent)| {
+            json!({
+                "name": name,
+                "attributes": {
+                    "type": { "string": "mig" },
+                    "uuid": { "string": uuid },
+                    "parentUUID": { "string": parent },
+                    "profile": { "string": "1g.10gb" },
+                },
+                "capacity": { "memory": { "value": "10Gi" } },
+            })
+        }));
+        let mut state = self.state.lock().expect("state");
+        let n = state.slices.len();
+        state.slices.push(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": { "name": format!("{node}-gpu.nvidia.com-{n}"), "uid": format!("slice-{n}"), "resourceVersion": "1" },
+            "spec": {
+                "driver": "gpu.nvidia.com",
+                "nodeName": node,
+                "pool": { "name": node, "generation": 1, "resourceSliceCount": 1 },
+                "devices": devices,
+            }
+        }));
+    }
+
+    /// Refuse (403) or allow every DeviceTaintRule call.
+    pub fn forbid_taint_rules(&self, forbidden: bool) {
+        self.state.lock().expect("state").rules_forbidden = forbidden;
+    }
+
+    /// The stored DeviceTaintRules.
+    pub fn rules(&self) -> Vec<Value> {
+        self.state
+            .lock()
+            .expect("state")
+            .rules
             .values()
             .cloned()
             .collect()
@@ -351,6 +441,12 @@ async fn handle(req: Request<Incoming>, state: Arc<Mutex<State>>) -> Response<Fu
         );
     }
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    if let ["apis", "resource.k8s.io", ..] = parts.as_slice() {
+        if mode == Mode::Normal {
+            let mut s = state.lock().expect("state");
+            return dra(&mut s, &method, &parts[2..], &query, &content_type, &body);
+        }
+    }
     if mode == Mode::Forbidden {
         let (verb, resource) = match (method.as_str(), parts.as_slice()) {
             ("PATCH", ["api", "v1", "nodes", _, "status"]) => ("patch", "nodes/status"),
@@ -506,4 +602,279 @@ async fn handle(req: Request<Incoming>, state: Arc<Mutex<State>>) -> Response<Fu
             json!({}),
         ),
     }
+}
+
+/// A query parameter, percent-decoded.
+fn query_param(query: &str, key: &str) -> Option<String> {
+    let raw = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))?;
+    let mut out = Vec::new();
+    let mut bytes = raw.bytes();
+    while let Some(b) = bytes.next() {
+        match b {
+            b'%' => {
+                let hex: String = bytes.by_ref().take(2).map(char::from).collect();
+                out.push(u8::from_str_radix(&hex, 16).unwrap_or(b'?'));
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+    }
+    Some(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// A `k=v,k2=v2` selector as pairs.
+fn selector(text: &str) -> Vec<(String, String)> {
+    text.split(',')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The JSON value at a dotted path (`spec.nodeName`).
+fn at<'a>(object: &'a Value, path: &str) -> &'a Value {
+    path.split('.').fold(object, |v, key| &v[key])
+}
+
+/// `resource.k8s.io`: discovery, ResourceSlices (list by field selector) and DeviceTaintRules
+/// (cluster-scoped create/get/list/patch/delete; 409 on an existing name, 404, 403 when
+/// forbidden, 422 on an invalid effect or no selector, `timeAdded` set by the server).
+fn dra(
+    s: &mut State,
+    method: &str,
+    parts: &[&str],
+    query: &str,
+    content_type: &str,
+    body: &[u8],
+) -> Response<Full<Bytes>> {
+    let not_found = |what: String| {
+        status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            what,
+            json!({ "group": "resource.k8s.io", "kind": "devicetaintrules" }),
+        )
+    };
+    let served = |s: &State, v: &str| {
+        v == "v1" || v == "v1beta2" || s.taint_rule_versions.iter().any(|t| t == v)
+    };
+    let versions: Vec<&str> = ["v1", "v1beta2"]
+        .into_iter()
+        .filter(|v| served(s, v))
+        .collect();
+    match (method, parts) {
+        ("GET", []) => respond(
+            StatusCode::OK,
+            json!({
+                "kind": "APIGroup", "apiVersion": "v1", "name": "resource.k8s.io",
+                "versions": versions.iter().map(|v| json!({ "groupVersion": format!("resource.k8s.io/{v}"), "version": v })).collect::<Vec<_>>(),
+                "preferredVersion": { "groupVersion": "resource.k8s.io/v1", "version": "v1" },
+            }),
+        ),
+        ("GET", [version]) if served(s, version) => {
+            let mut resources = vec![
+                json!({ "name": "resourceslices", "singularName": "resourceslice", "namespaced": false, "kind": "ResourceSlice", "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"] }),
+                json!({ "name": "deviceclasses", "singularName": "deviceclass", "namespaced": false, "kind": "DeviceClass", "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"] }),
+            ];
+            if s.taint_rule_versions.iter().any(|t| t == version) {
+                resources.push(json!({ "name": "devicetaintrules", "singularName": "devicetaintrule", "namespaced": false, "kind": "DeviceTaintRule", "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"] }));
+                resources.push(json!({ "name": "devicetaintrules/status", "singularName": "", "namespaced": false, "kind": "DeviceTaintRule", "verbs": ["get", "patch", "update"] }));
+            }
+            respond(
+                StatusCode::OK,
+                json!({ "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": format!("resource.k8s.io/{version}"), "resources": resources }),
+            )
+        }
+        ("GET", [version, "resourceslices"]) if served(s, version) => {
+            let fields = query_param(query, "fieldSelector")
+                .map(|f| selector(&f))
+                .unwrap_or_default();
+            let items: Vec<Value> = s
+                .slices
+                .iter()
+                .filter(|slice| fields.iter().all(|(k, v)| at(slice, k).as_str() == Some(v)))
+                .map(|slice| {
+                    let mut slice = slice.clone();
+                    slice["apiVersion"] = json!(format!("resource.k8s.io/{version}"));
+                    slice
+                })
+                .collect();
+            respond(
+                StatusCode::OK,
+                json!({ "apiVersion": format!("resource.k8s.io/{version}"), "kind": "ResourceSliceList", "metadata": { "resourceVersion": "1" }, "items": items }),
+            )
+        }
+        (_, [version, "devicetaintrules", rest @ ..])
+            if s.taint_rule_versions.iter().any(|t| t == version) =>
+        {
+            if s.rules_forbidden {
+                let verb = match (method, rest) {
+                    ("POST", _) => "create",
+                    ("GET", []) => "list",
+                    ("GET", _) => "get",
+                    ("PATCH", _) => "patch",
+                    _ => "delete",
+                };
+                return status(StatusCode::FORBIDDEN, "Forbidden", format!("devicetaintrules.resource.k8s.io is forbidden: User \"system:node:test\" cannot {verb} resource \"devicetaintrules\" in API group \"resource.k8s.io\" at the cluster scope"), json!({ "group": "resource.k8s.io", "kind": "devicetaintrules" }));
+            }
+            let parsed: Option<Value> = serde_json::from_slice(body).ok();
+            let api_version = format!("resource.k8s.io/{version}");
+            match (method, rest) {
+                ("GET", []) => {
+                    let labels = query_param(query, "labelSelector")
+                        .map(|l| selector(&l))
+                        .unwrap_or_default();
+                    let items: Vec<Value> = s
+                        .rules
+                        .values()
+                        .filter(|r| {
+                            labels
+                                .iter()
+                                .all(|(k, v)| r["metadata"]["labels"][k].as_str() == Some(v))
+                        })
+                        .cloned()
+                        .collect();
+                    respond(
+                        StatusCode::OK,
+                        json!({ "apiVersion": api_version, "kind": "DeviceTaintRuleList", "metadata": { "resourceVersion": "1" }, "items": items }),
+                    )
+                }
+                ("POST", []) => {
+                    if !content_type.starts_with("application/json") {
+                        return status(
+                            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                            "UnsupportedMediaType",
+                            format!("unsupported media type {content_type}"),
+                            json!({}),
+                        );
+                    }
+                    let Some(mut rule) = parsed else {
+                        return status(
+                            StatusCode::BAD_REQUEST,
+                            "BadRequest",
+                            "invalid JSON in the body".into(),
+                            json!({}),
+                        );
+                    };
+                    if let Some(invalid) = invalid_rule(&rule) {
+                        return invalid;
+                    }
+                    let name = rule["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string();
+                    if s.rules.contains_key(&name) {
+                        return status(
+                            StatusCode::CONFLICT,
+                            "AlreadyExists",
+                            format!("devicetaintrules.resource.k8s.io \"{name}\" already exists"),
+                            json!({ "name": name, "group": "resource.k8s.io", "kind": "devicetaintrules" }),
+                        );
+                    }
+                    let n = s.rules.len() + s.deleted_rules.len();
+                    rule["apiVersion"] = json!(api_version);
+                    rule["metadata"]["uid"] = json!(format!("rule-{n}"));
+                    rule["metadata"]["resourceVersion"] = json!(n.to_string());
+                    rule["metadata"]["creationTimestamp"] = json!(now_rfc3339());
+                    if rule["spec"]["taint"]["timeAdded"].is_null() {
+                        rule["spec"]["taint"]["timeAdded"] = json!(now_rfc3339());
+                    }
+                    s.rules.insert(name, rule.clone());
+                    respond(StatusCode::CREATED, rule)
+                }
+                ("GET", [name]) => match s.rules.get(*name) {
+                    Some(rule) => respond(StatusCode::OK, rule.clone()),
+                    None => not_found(format!(
+                        "devicetaintrules.resource.k8s.io \"{name}\" not found"
+                    )),
+                },
+                ("PATCH", [name]) => {
+                    if let Some(refused) = refuse_non_patch(content_type) {
+                        return refused;
+                    }
+                    let Some(patch) = parsed else {
+                        return status(
+                            StatusCode::BAD_REQUEST,
+                            "BadRequest",
+                            "invalid JSON in the body".into(),
+                            json!({}),
+                        );
+                    };
+                    let Some(rule) = s.rules.get(*name) else {
+                        return not_found(format!(
+                            "devicetaintrules.resource.k8s.io \"{name}\" not found"
+                        ));
+                    };
+                    let mut next = rule.clone();
+                    merge(&mut next, &patch);
+                    if let Some(invalid) = invalid_rule(&next) {
+                        return invalid;
+                    }
+                    // A changed taint gets a new timeAdded, unless the patch sets one.
+                    if next["spec"]["taint"] != rule["spec"]["taint"]
+                        && patch["spec"]["taint"]["timeAdded"].is_null()
+                    {
+                        next["spec"]["taint"]["timeAdded"] = json!(now_rfc3339());
+                    }
+                    s.rules.insert(name.to_string(), next.clone());
+                    respond(StatusCode::OK, next)
+                }
+                ("DELETE", [name]) => match s.rules.remove(*name) {
+                    Some(rule) => {
+                        s.deleted_rules.push(name.to_string());
+                        respond(StatusCode::OK, rule)
+                    }
+                    None => not_found(format!(
+                        "devicetaintrules.resource.k8s.io \"{name}\" not found"
+                    )),
+                },
+                _ => status(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "MethodNotAllowed",
+                    "the server does not allow this method on the requested resource".into(),
+                    json!({}),
+                ),
+            }
+        }
+        _ => status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            "the server could not find the requested resource".into(),
+            json!({}),
+        ),
+    }
+}
+
+/// 422 as the API server's validation answers: a name, a device selector, a taint key and a
+/// known effect (`PreferNoSchedule` is not one).
+fn invalid_rule(rule: &Value) -> Option<Response<Full<Bytes>>> {
+    let name = rule["metadata"]["name"].as_str().unwrap_or_default();
+    let effect = rule["spec"]["taint"]["effect"].as_str().unwrap_or_default();
+    let problem = if name.is_empty() {
+        Some("metadata.name: Required value: name or generateName is required".to_string())
+    } else if !rule["spec"]["deviceSelector"].is_object() {
+        Some("spec.deviceSelector: Required value".into())
+    } else if rule["spec"]["taint"]["key"]
+        .as_str()
+        .is_none_or(str::is_empty)
+    {
+        Some("spec.taint.key: Required value".into())
+    } else if !["None", "NoSchedule", "NoExecute"].contains(&effect) {
+        Some(format!("spec.taint.effect: Unsupported value: \"{effect}\": supported values: \"NoExecute\", \"NoSchedule\", \"None\""))
+    } else {
+        None
+    };
+    problem.map(|p| {
+        status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            format!("DeviceTaintRule.resource.k8s.io \"{name}\" is invalid: {p}"),
+            json!({ "name": name, "group": "resource.k8s.io", "kind": "DeviceTaintRule" }),
+        )
+    })
+}
+
+fn now_rfc3339() -> String {
+    crate::trainer::rfc3339(std::time::SystemTime::now())
 }

@@ -170,6 +170,14 @@ pub fn inject(line: &str) {
         .expect("write /dev/kmsg");
 }
 
+/// Sink `name`'s entry (`state`, `reason`) in `snapshot`; `Null` if none.
+pub fn sink_of(snapshot: &Value, name: &str) -> Value {
+    snapshot["sinks"]
+        .as_array()
+        .and_then(|a| a.iter().find(|x| x["sink"] == name).cloned())
+        .unwrap_or(Value::Null)
+}
+
 /// The fake host an agent runs on.
 #[derive(Debug)]
 pub struct Host {
@@ -445,6 +453,11 @@ impl Agent {
         stream.read_to_string(&mut answer).ok()?;
         let value: Value = serde_json::from_str(&answer).ok()?;
         Some(value["snapshot"].clone())
+    }
+
+    /// Sink `name`'s entry (`state`, `reason`) in the daemon's snapshot; `Null` if none.
+    pub fn sink(&self, name: &str) -> Value {
+        sink_of(&self.snapshot().unwrap_or_default(), name)
     }
 
     /// Poll the snapshot until source `source` is on; panics after `timeout`.

@@ -18,11 +18,11 @@ fn k8s_config(host: &Host, api: &KubeApi, extra: &str) -> String {
 }
 
 fn sink_state(agent: &Agent) -> Value {
-    let s = agent.snapshot().expect("snapshot");
-    s["sinks"]
-        .as_array()
-        .and_then(|a| a.iter().find(|x| x["sink"] == "kubernetes").cloned())
-        .unwrap_or(Value::Null)
+    agent.sink("kubernetes")
+}
+
+fn kubernetes_sink(s: &Value) -> Value {
+    gpu_agent_e2e::sink_of(s, "kubernetes")
 }
 
 #[test]
@@ -276,7 +276,7 @@ fn unauthorized_and_forbidden_are_reported_with_verb_and_resource() {
     api.set_mode(Mode::Unauthorized);
     let agent = Agent::start(&host.config(&k8s_config(&host, &api, "")), &host.socket());
     agent.wait_for(Duration::from_secs(3), |s| {
-        s["sinks"][0]["state"] == "failed"
+        kubernetes_sink(s)["state"] == "failed"
     });
     let reason = sink_state(&agent)["reason"]
         .as_str()
@@ -289,7 +289,7 @@ fn unauthorized_and_forbidden_are_reported_with_verb_and_resource() {
 
     api.set_mode(Mode::Forbidden);
     agent.wait_for(Duration::from_secs(5), |s| {
-        s["sinks"][0]["reason"]
+        kubernetes_sink(s)["reason"]
             .as_str()
             .is_some_and(|r| r.contains("403"))
     });
@@ -305,7 +305,9 @@ fn unauthorized_and_forbidden_are_reported_with_verb_and_resource() {
     );
 
     api.set_mode(Mode::Normal);
-    agent.wait_for(Duration::from_secs(10), |s| s["sinks"][0]["state"] == "on");
+    agent.wait_for(Duration::from_secs(10), |s| {
+        kubernetes_sink(s)["state"] == "on"
+    });
     assert!(api.condition(NODE, HW).is_some());
     assert!(agent.stop().success());
 }
@@ -316,7 +318,7 @@ fn unknown_node_and_missing_kubeconfig_degrade() {
     let api = KubeApi::start(&["another-node"]);
     let agent = Agent::start(&host.config(&k8s_config(&host, &api, "")), &host.socket());
     agent.wait_for(Duration::from_secs(3), |s| {
-        s["sinks"][0]["state"] == "failed"
+        kubernetes_sink(s)["state"] == "failed"
     });
     assert!(
         sink_state(&agent)["reason"]
@@ -329,7 +331,9 @@ fn unknown_node_and_missing_kubeconfig_degrade() {
 
     let config = host.config("[kubernetes]\nkubeconfig = \"/nonexistent/kubeconfig\"\n");
     let agent = Agent::start(&config, &host.socket());
-    agent.wait_for(Duration::from_secs(3), |s| s["sinks"][0]["state"] == "off");
+    agent.wait_for(Duration::from_secs(3), |s| {
+        kubernetes_sink(s)["state"] == "off"
+    });
     assert!(sink_state(&agent)["reason"]
         .as_str()
         .is_some_and(|r| r.contains("standalone")));

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use gpu_agent_e2e::kube_api::KubeApi;
 use gpu_agent_e2e::kubelet::{Kubelet, Mode};
-use gpu_agent_e2e::{inject, wait_until as wait, Agent, Host, NvmlScenario};
+use gpu_agent_e2e::{inject, wait_until as wait, Host, NvmlScenario};
 use serde_json::Value;
 
 const NODE: &str = "gpu-node-3";
@@ -31,14 +31,6 @@ fn events_on(api: &KubeApi, pod: &str) -> Vec<Value> {
         .into_iter()
         .filter(|e| e["involvedObject"]["name"] == pod)
         .collect()
-}
-
-fn sink(agent: &Agent, name: &str) -> Value {
-    let s = agent.snapshot().expect("snapshot");
-    s["sinks"]
-        .as_array()
-        .and_then(|a| a.iter().find(|x| x["sink"] == name).cloned())
-        .unwrap_or(Value::Null)
 }
 
 #[test]
@@ -136,7 +128,7 @@ fn an_xid_on_gpu_3_reaches_the_pod_holding_gpu_3_and_no_other() {
     assert_eq!(json["gpus"][1]["holders"][0]["pod"], "train-b");
     assert_eq!(json["gpus"][0]["holders"], serde_json::json!([]));
     wait(Duration::from_secs(3), "pod-resources on", || {
-        sink(&agent, "pod-resources")["state"] == "on"
+        agent.sink("pod-resources")["state"] == "on"
     });
     assert!(agent.stop().success());
 }
@@ -234,9 +226,9 @@ fn no_kubelet_is_off_with_the_reason_and_it_comes_back() {
         "{text}"
     );
     wait(Duration::from_secs(3), "off", || {
-        sink(&agent, "pod-resources")["state"] == "off"
+        agent.sink("pod-resources")["state"] == "off"
     });
-    assert!(sink(&agent, "pod-resources")["reason"]
+    assert!(agent.sink("pod-resources")["reason"]
         .as_str()
         .is_some_and(|r| r.contains("kubelet.sock")));
 
@@ -268,7 +260,7 @@ fn no_kubelet_is_off_with_the_reason_and_it_comes_back() {
         "{text}"
     );
     wait(Duration::from_secs(3), "on", || {
-        sink(&agent, "pod-resources")["state"] == "on"
+        agent.sink("pod-resources")["state"] == "on"
     });
 
     // UNAVAILABLE: failed with the kubelet's code.
@@ -277,7 +269,7 @@ fn no_kubelet_is_off_with_the_reason_and_it_comes_back() {
     let (_, text) = agent.status(false);
     assert!(text.contains("Unavailable"), "{text}");
     wait(Duration::from_secs(3), "failed", || {
-        sink(&agent, "pod-resources")["state"] == "failed"
+        agent.sink("pod-resources")["state"] == "failed"
     });
 
     // The kubelet restarts (socket gone, then back): on again, no agent restart.
@@ -289,7 +281,7 @@ fn no_kubelet_is_off_with_the_reason_and_it_comes_back() {
     let (_, text) = agent.status(false);
     assert!(text.contains("held by ml/train (trainer)"), "{text}");
     wait(Duration::from_secs(3), "on again", || {
-        sink(&agent, "pod-resources")["state"] == "on"
+        agent.sink("pod-resources")["state"] == "on"
     });
     assert!(agent.stop().success());
 }

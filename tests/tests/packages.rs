@@ -71,6 +71,8 @@ fn rpm_has_the_files_config_and_scriptlets() {
         "/usr/lib/sysusers.d/gpu-agent.conf",
         "/usr/share/polkit-1/rules.d/50-gpu-agent.rules",
         "/usr/share/doc/gpu-agent/README.md",
+        "/usr/share/doc/gpu-agent/kubernetes/device-taints-rbac.yaml",
+        "/usr/share/doc/gpu-agent/kubernetes/device-taints-admission.yaml",
         "/usr/share/licenses/gpu-agent/LICENSE",
     ] {
         assert!(files.lines().any(|l| l == path), "{path} not in: {files}");
@@ -127,6 +129,7 @@ fn deb_declares_conffile_and_enables_units() {
         "./usr/lib/sysusers.d/gpu-agent.conf",
         "./usr/share/polkit-1/rules.d/50-gpu-agent.rules",
         "./usr/share/doc/gpu-agent/copyright",
+        "./usr/share/doc/gpu-agent/kubernetes/device-taints-admission.yaml",
     ] {
         assert!(contents.contains(path), "{path} not in: {contents}");
     }

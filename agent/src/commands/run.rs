@@ -334,7 +334,8 @@ fn checkpoint_hold(config: &crate::config::Config) -> Duration {
     hold
 }
 
-/// The node-conditions sink (conditions and Node Events), when `[kubernetes]` is on.
+/// The node-conditions sink (conditions and Node Events) and, with `device_taints`, the
+/// device-taints sink (per-GPU fencing), when `[kubernetes]` is on.
 #[cfg(feature = "clients")]
 fn spawn_node_conditions(
     config: &crate::config::Config,
@@ -368,6 +369,18 @@ fn spawn_node_conditions(
             sink_tx.clone(),
             shutdown.clone(),
         ));
+        if k.device_taints {
+            tokio::spawn(crate::sinks::device_taints::run(
+                crate::sinks::device_taints::Settings {
+                    no_execute: k.device_taint_no_execute,
+                    refresh: k.heartbeat_interval.0,
+                },
+                link.clone(),
+                snapshots.clone(),
+                sink_tx.clone(),
+                shutdown.clone(),
+            ));
+        }
     }
 }
 

@@ -40,6 +40,17 @@ pub struct KubernetesConfig {
     /// A rebalance recommendation also sets `MaintenancePlanned` (off: it is only a hint
     /// that a Spot interruption may follow).
     pub lifecycle_rebalance: bool,
+    /// Fence one GPU instead of the node where the NVIDIA DRA driver publishes this node's
+    /// GPUs (ResourceSlices of driver `gpu.nvidia.com`, pool = this node) and the API server
+    /// serves `DeviceTaintRule` (`resource.k8s.io/v1`, else `v1beta2`): a fault confined to
+    /// one GPU becomes a rule tainting it and its MIG devices (effect `None` for a warning,
+    /// `NoSchedule` for a fatal fault), deleted when the fault clears on evidence. Elsewhere
+    /// (device-plugin nodes, older clusters) the node condition carries it, as it did.
+    pub device_taints: bool,
+    /// A fault fatal for one GPU taints it `NoExecute` at once (its pods are evicted); off:
+    /// `NoSchedule`, and `NoExecute` only once the checkpoint of its processes (trigger
+    /// `fatal-fault`) has settled.
+    pub device_taint_no_execute: bool,
     /// Time limit for every API call: connecting, each read and write, and the whole call. A
     /// server that accepts and never answers shows as the sink `failed` after this. Building
     /// the client (the kubeconfig's exec credential plugin included) gets three times this.
@@ -63,6 +74,8 @@ impl Default for KubernetesConfig {
             events: true,
             lifecycle_conditions: true,
             lifecycle_rebalance: false,
+            device_taints: true,
+            device_taint_no_execute: false,
             timeout: HumanDuration(std::time::Duration::from_secs(10)),
             kubelet_environment: PathBuf::from("/etc/eks/kubelet/environment"),
         }

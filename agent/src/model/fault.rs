@@ -335,6 +335,16 @@ pub struct Fault {
 }
 
 impl Fault {
+    /// The id of the checkpoint notice a fatal fault raises (trigger `fatal-fault`): one per
+    /// fault and first sighting.
+    pub fn notice_id(&self) -> String {
+        format!(
+            "fatal-fault:{}:{}",
+            self.label(),
+            super::time::rfc3339(self.first_seen)
+        )
+    }
+
     /// A short human label: `GPU 3 Xid 79`, `NVSwitch 0000:05:00.0 SXid 12028`.
     pub fn label(&self) -> String {
         match (self.component, self.gpu_index) {

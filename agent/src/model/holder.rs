@@ -205,6 +205,7 @@ mod tests {
                 health: Health::Healthy,
                 faults: vec![],
                 holders: vec![],
+                fence: None,
             })
             .collect()
     }

@@ -5,6 +5,7 @@
 
 mod efa;
 mod fault;
+mod fence;
 mod holder;
 mod node_name;
 pub mod notice;
@@ -18,6 +19,7 @@ pub use efa::{EfaDevice, ImexState, Inventory};
 pub use fault::{
     Action, Classification, Component, Fault, FaultCode, FaultReport, Severity, SourceKind,
 };
+pub use fence::{Fencing, GpuFence, TaintEffect, TAINT_KEY};
 pub use holder::{
     resolve as resolve_device, Assignment, Assignments, DraClaim, GpuHolder, HolderView,
 };
@@ -61,6 +63,8 @@ pub enum Observation {
     Sink(SinkStatus),
     /// The Kubernetes sink resolved this node's name (shown by `status`).
     NodeName(NodeName),
+    /// What per-GPU fencing can do and has done (the device-taints sink); `None`: off.
+    Fencing(Option<Fencing>),
     /// A polling source's complete view: these faults are all it sees now (faults it
     /// reported before and not now have cleared), and what it enumerated.
     Poll {

@@ -123,6 +123,9 @@ pub struct GpuStatus {
     /// `status` asks, empty in the core's snapshots.
     #[serde(default)]
     pub holders: Vec<super::GpuHolder>,
+    /// Its fence (a DRA `DeviceTaintRule` on it and its MIG devices), if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence: Option<super::GpuFence>,
 }
 
 /// Whether a source is running, and if not, why.
@@ -288,6 +291,10 @@ pub struct HealthSnapshot {
     /// The host's IMEX unit, where the `imex` source watches it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub imex: Option<super::ImexState>,
+    /// What per-GPU fencing can do on this node; `None`: off (no DRA driver, no
+    /// DeviceTaintRule API, turned off, or no Kubernetes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing: Option<super::Fencing>,
     /// The pod-resources lookup behind each GPU's `holders`; `None` in the core's snapshots
     /// and when the lookup is turned off.
     #[serde(default)]
@@ -295,4 +302,30 @@ pub struct HealthSnapshot {
     /// When the snapshot was taken.
     #[serde(with = "super::time")]
     pub updated_at: SystemTime,
+}
+
+impl HealthSnapshot {
+    /// The UUID of the GPU `fault` is on, where NVML named it.
+    pub fn gpu_uuid(&self, fault: &Fault) -> Option<&str> {
+        let index = fault.gpu_index?;
+        self.gpus
+            .iter()
+            .find(|g| g.index == index)?
+            .nvml
+            .as_ref()?
+            .uuid
+            .as_deref()
+    }
+
+    /// Is `fault` answered by fencing its GPU alone (so the node condition leaves it out)?
+    /// Only a fault confined to one GPU, on a GPU the DRA driver publishes, whose rules were
+    /// not refused.
+    pub fn fenced_instead(&self, fault: &Fault) -> bool {
+        fault.confined_to_gpu()
+            && self
+                .fencing
+                .as_ref()
+                .zip(self.gpu_uuid(fault))
+                .is_some_and(|(fencing, uuid)| fencing.covers(uuid))
+    }
 }

@@ -5,6 +5,8 @@
 
 pub mod checkpoint;
 #[cfg(feature = "clients")]
+pub mod device_taints;
+#[cfg(feature = "clients")]
 pub mod kubernetes;
 pub mod listen;
 pub mod metrics;

@@ -62,6 +62,8 @@ pub struct HealthModel {
     /// The EFA devices as the `efa` source last found them.
     efa: Vec<crate::model::EfaDevice>,
     imex: Option<crate::model::ImexState>,
+    /// Per-GPU fencing as the device-taints sink last reported it.
+    fencing: Option<crate::model::Fencing>,
 }
 
 impl HealthModel {
@@ -97,6 +99,7 @@ impl HealthModel {
             hardware: BTreeMap::new(),
             efa: Vec::new(),
             imex: None,
+            fencing: None,
         }
     }
 
@@ -247,6 +250,11 @@ impl HealthModel {
                 self.node_name = name;
                 changed
             }
+            Observation::Fencing(fencing) => {
+                let changed = self.fencing != fencing;
+                self.fencing = fencing;
+                changed
+            }
             Observation::Sink(status) => {
                 let changed = self.sinks.get(&status.sink) != Some(&status.state);
                 self.sinks.insert(status.sink, status.state);
@@ -312,6 +320,9 @@ impl HealthModel {
                 tracing::info!(fault = %fault.label(), "Fault cleared.");
             }
             self.logged.remove(&key);
+            if key.1 == FaultCode::RecoveryAction {
+                self.recovered(key.0);
+            }
         }
         for report in reports {
             let key = (report.component, report.code);
@@ -336,6 +347,26 @@ impl HealthModel {
             }
         }
         changed
+    }
+
+    /// The driver's recovery action for `component` went back to None after it asked for one
+    /// (NVML's poll, or Xid 154 "to 0x0 (None)"): the driver's own word that the GPU needs
+    /// nothing more. The occurrences latched on it whose remedy is confined to the GPU
+    /// (restart the application, reset the GPU) end with it; a GPU gone, a reboot or replace
+    /// verdict and escalations stay until a boot or `clear`.
+    fn recovered(&mut self, component: Component) {
+        let ended: Vec<Key> = self
+            .faults
+            .iter()
+            .filter(|(k, f)| k.0 == component && k.1.is_event() && f.confined_to_gpu())
+            .map(|(k, _)| *k)
+            .collect();
+        for key in ended {
+            if let Some(fault) = self.faults.remove(&key) {
+                tracing::info!(fault = %fault.label(), "Fault cleared: the driver's recovery action for its GPU is now None.");
+            }
+            self.logged.remove(&key);
+        }
     }
 
     fn merge(&mut self, report: FaultReport) {
@@ -363,6 +394,7 @@ impl HealthModel {
             if let Some(gone) = self.faults.remove(&key) {
                 tracing::info!(fault = %gone.label(), "Fault cleared: the driver's recovery action is now None.");
             }
+            self.recovered(report.component);
             self.occurrences
                 .insert(key, Occurrence::of(&report, None, true));
             return;
@@ -1141,6 +1173,59 @@ mod tests {
 
     /// Xid 154 "to None" is the driver's explicit all-clear for Xid 154, not a milder
     /// verdict that happens to win a race; the NVML event of that same line changes nothing.
+    /// The driver's recovery action back to None (NVML's poll) ends the GPU-confined
+    /// occurrences latched on that GPU, never a GPU gone or another GPU's.
+    #[test]
+    fn recovery_action_none_ends_the_gpus_confined_faults() {
+        let mut m = model();
+        m.apply(xid("0000:18:00", 48, 1));
+        m.apply(xid("0000:18:00", 13, 2));
+        m.apply(xid("0000:2a:00", 13, 3));
+        m.apply(xid("0000:3a:00", 79, 4));
+        let gpu = pci("0000:18:00.0");
+        let poll = |faults: Vec<FaultReport>| Observation::Poll {
+            source: SourceKind::Nvml,
+            faults,
+            partial: Vec::new(),
+            inventory: crate::model::Inventory::Gpus {
+                gpus: vec![GpuIdentity {
+                    pci: Some(gpu),
+                    uuid: Some("GPU-a".into()),
+                    ..GpuIdentity::default()
+                }],
+                driver_version: None,
+            },
+        };
+        let reset = FaultReport {
+            component: Component::Gpu { pci: gpu },
+            code: FaultCode::RecoveryAction,
+            class: crate::model::Classification {
+                name: "GPU_RECOVERY_ACTION_GPU_RESET".into(),
+                description: String::new(),
+                nvidia_action: String::new(),
+                severity: Severity::Fatal,
+                action: Action::ResetGpu,
+            },
+            source: SourceKind::Nvml,
+            at: SystemTime::UNIX_EPOCH + Duration::from_secs(5),
+            detail: "reset".into(),
+            cursor: None,
+            drill: false,
+        };
+        // No recovery action ever asked for: a None poll is no evidence.
+        m.apply(poll(Vec::new()));
+        assert_eq!(m.snapshot(KmsgStats::default()).faults.len(), 4);
+        m.apply(poll(vec![reset]));
+        m.apply(poll(Vec::new()));
+        let left: Vec<String> = m
+            .snapshot(KmsgStats::default())
+            .faults
+            .iter()
+            .map(Fault::label)
+            .collect();
+        assert_eq!(left, ["GPU 2 Xid 79", "GPU 1 Xid 13"]);
+    }
+
     #[test]
     fn xid_154_to_none_clears_xid_154_explicitly() {
         let mut m = model();

@@ -101,14 +101,22 @@ impl HealthModel {
                     .iter()
                     .filter(|f| f.gpu_index == Some(index))
                     .collect();
+                let nvml = self
+                    .nvml_gpus
+                    .iter()
+                    .find(|g| g.pci.is_some_and(|p| slot(p) == slot(*pci)))
+                    .cloned();
+                let fence = self
+                    .fencing
+                    .as_ref()
+                    .zip(nvml.as_ref().and_then(|n| n.uuid.as_deref()))
+                    .and_then(|(fencing, uuid)| fencing.fence(uuid))
+                    .cloned();
                 GpuStatus {
                     index,
                     pci: *pci,
-                    nvml: self
-                        .nvml_gpus
-                        .iter()
-                        .find(|g| g.pci.is_some_and(|p| slot(p) == slot(*pci)))
-                        .cloned(),
+                    nvml,
+                    fence,
                     health: Health::from_worst(mine.iter().map(|f| f.class.severity).max()),
                     faults: mine.iter().map(|f| f.code.to_string()).collect(),
                     holders: Vec::new(),
@@ -171,6 +179,7 @@ impl HealthModel {
             driver_version: self.driver_version.clone(),
             efa: self.efa.clone(),
             imex: self.imex.clone(),
+            fencing: self.fencing.clone(),
             holders: None,
             updated_at: SystemTime::now(),
         }

@@ -165,11 +165,7 @@ fn fault_notices(snapshot: &HealthSnapshot) -> Vec<Notice> {
         .iter()
         .filter(|f| f.class.severity == Severity::Fatal)
         .map(|f| Notice {
-            id: format!(
-                "fatal-fault:{}:{}",
-                f.label(),
-                crate::model::time::rfc3339(f.first_seen)
-            ),
+            id: f.notice_id(),
             kind: NoticeKind::FatalFault,
             deadline: f.first_seen,
             detail: format!("{}: {} ({})", f.label(), f.class.name, f.class.action),

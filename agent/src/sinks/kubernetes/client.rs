@@ -41,7 +41,7 @@ pub enum ApiError {
         message: String,
     },
     /// 403: RBAC denies the call.
-    #[error("{verb} {resource}: 403 Forbidden: RBAC denies it; the node identity needs patch on nodes/status and create/patch on events ({message})")]
+    #[error("{verb} {resource}: 403 Forbidden: RBAC denies it; the node identity needs patch on nodes/status and create/patch on events, and for per-GPU fencing the ClusterRole in device-taints-rbac.yaml ({message})")]
     Forbidden {
         /// HTTP verb.
         verb: &'static str,
@@ -105,7 +105,7 @@ impl ApiError {
         )
     }
 
-    fn from_kube(verb: &'static str, resource: String, e: kube::Error) -> Self {
+    pub(super) fn from_kube(verb: &'static str, resource: String, e: kube::Error) -> Self {
         match e {
             kube::Error::Api(status) => {
                 let message = status.message.clone();
@@ -191,7 +191,7 @@ async fn build(path: &Path, timeout: Duration) -> Result<Client, ApiError> {
 }
 
 /// Run one call within `limit`; a call with no answer by then is [`ApiError::Unreachable`].
-async fn timed<T>(
+pub(super) async fn timed<T>(
     limit: Duration,
     verb: &'static str,
     resource: String,

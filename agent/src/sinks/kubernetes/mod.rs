@@ -1,5 +1,6 @@
 //! The daemon's one connection to the Kubernetes API server, shared by the node-conditions
-//! sink and the checkpoint sink's pod Events and cordon.
+//! sink, the device-taints sink (per-GPU fencing) and the checkpoint sink's pod Events and
+//! cordon.
 //!
 //! - **Built once, off the runtime thread.** Building a client runs the kubeconfig's exec
 //!   credential plugin (`aws eks get-token`, aws-iam-authenticator) as a blocking process
@@ -16,6 +17,7 @@
 //!   file is looked for again on the next use.
 
 mod client;
+pub mod dra;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -24,6 +26,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 pub use client::{ApiError, NodeApi, NodePod, PodEvent};
+pub use dra::DraApi;
 
 use crate::model::{NodeName, Observation};
 
@@ -86,6 +89,17 @@ impl Link {
 
     /// The calls, for this node: connects (once) and resolves the node name (when not known).
     pub async fn api(&self) -> Result<NodeApi, ApiError> {
+        let (client, name) = self.client_and_name().await?;
+        Ok(NodeApi::new(client, &name, self.inner.settings.timeout))
+    }
+
+    /// The DRA calls (per-GPU fencing), for this node.
+    pub async fn dra(&self) -> Result<DraApi, ApiError> {
+        let (client, name) = self.client_and_name().await?;
+        Ok(DraApi::new(client, &name, self.inner.settings.timeout))
+    }
+
+    async fn client_and_name(&self) -> Result<(kube::Client, String), ApiError> {
         let client = {
             let mut slot = self.inner.client.lock().await;
             match slot.as_ref() {
@@ -101,12 +115,7 @@ impl Link {
                 }
             }
         };
-        let name = self.node_name().await;
-        Ok(NodeApi::new(
-            client,
-            &name.name,
-            self.inner.settings.timeout,
-        ))
+        Ok((client, self.node_name().await.name))
     }
 
     /// This node's name: the one known, or resolved now (after a 403/404 dropped it).

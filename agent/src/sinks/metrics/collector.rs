@@ -137,6 +137,39 @@ fn fabric(encoder: &mut DescriptorEncoder, s: &HealthSnapshot) -> std::fmt::Resu
     )
 }
 
+/// Per fenced GPU: 1 for the effect of its DeviceTaintRules (`None`, `NoSchedule`,
+/// `NoExecute`), 0 for the others; `failed` 1 where the server refused them. GPUs not fenced
+/// have no series.
+fn fenced(encoder: &mut DescriptorEncoder, s: &HealthSnapshot) -> std::fmt::Result {
+    let mut rows: Vec<([(&'static str, String); 2], u64)> = Vec::new();
+    for g in &s.gpus {
+        let Some(f) = &g.fence else {
+            continue;
+        };
+        for effect in crate::model::TaintEffect::ALL {
+            rows.push((
+                [
+                    ("gpu", g.index.to_string()),
+                    ("effect", effect.name().into()),
+                ],
+                u64::from(f.failed.is_none() && f.effect == effect),
+            ));
+        }
+        rows.push((
+            [("gpu", g.index.to_string()), ("effect", "failed".into())],
+            u64::from(f.failed.is_some()),
+        ));
+    }
+    family(
+        encoder,
+        "gpu_agent_gpu_fenced",
+        "Per GPU fenced on its own (a DRA DeviceTaintRule on it and its MIG devices): 1 for \
+         its taint effect, or for failed where the API server refused the rules.",
+        prometheus_client::metrics::MetricType::Gauge,
+        &rows,
+    )
+}
+
 /// Per-GPU NVML telemetry: ECC, remapped rows, NVLink, PCIe.
 fn telemetry(encoder: &mut DescriptorEncoder, s: &HealthSnapshot) -> std::fmt::Result {
     use prometheus_client::metrics::MetricType::{Counter, Gauge};
@@ -400,6 +433,7 @@ impl Collector for SnapshotCollector {
         )?;
         telemetry(&mut encoder, &s)?;
         fabric(&mut encoder, &s)?;
+        fenced(&mut encoder, &s)?;
         efa(&mut encoder, &s)
     }
 }

@@ -94,10 +94,16 @@ fn describe(f: &Fault) -> String {
 }
 
 fn hardware(snapshot: &HealthSnapshot, type_: &str) -> Desired {
+    // A fault confined to a GPU that is fenced on its own (a DRA DeviceTaintRule) takes
+    // that GPU out, not the node.
     let fatal: Vec<&Fault> = snapshot
         .faults
         .iter()
-        .filter(|f| f.class.severity == Severity::Fatal && !f.code.is_network())
+        .filter(|f| {
+            f.class.severity == Severity::Fatal
+                && !f.code.is_network()
+                && !snapshot.fenced_instead(f)
+        })
         .collect();
     match fatal.first() {
         Some(worst) => {
@@ -121,8 +127,32 @@ fn hardware(snapshot: &HealthSnapshot, type_: &str) -> Desired {
             type_: type_.to_string(),
             status: "True",
             reason: "NvidiaGPUIsReady".into(),
-            message: format!("{} GPUs, no fatal fault", snapshot.gpus.len()),
+            message: truncate(&format!(
+                "{} GPUs, no fatal fault{}",
+                snapshot.gpus.len(),
+                fenced(snapshot)
+            )),
         },
+    }
+}
+
+/// `; fenced on their own: GPU 3 (NoSchedule, NvidiaXID48Error)`, or nothing.
+fn fenced(snapshot: &HealthSnapshot) -> String {
+    let fenced: Vec<String> = snapshot
+        .gpus
+        .iter()
+        .filter_map(|g| {
+            let fence = g.fence.as_ref().filter(|f| f.failed.is_none())?;
+            Some(format!(
+                "GPU {} ({}, {})",
+                g.index, fence.effect, fence.reason
+            ))
+        })
+        .collect();
+    if fenced.is_empty() {
+        String::new()
+    } else {
+        format!(" for the node; fenced on their own: {}", fenced.join(", "))
     }
 }
 

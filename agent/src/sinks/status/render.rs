@@ -61,8 +61,8 @@ pub fn render(s: &HealthSnapshot) -> String {
     }
     let _ = writeln!(
         out,
-        "\n{:<4} {:<14} {:<24} {:<8} FAULTS",
-        "GPU", "BUS ID", "NAME", "HEALTH"
+        "\n{:<4} {:<14} {:<24} {:<8} {:<11} FAULTS",
+        "GPU", "BUS ID", "NAME", "HEALTH", "FENCE"
     );
     if s.gpus.is_empty() {
         let _ = writeln!(out, "(no NVIDIA GPUs on the PCI bus)");
@@ -78,14 +78,34 @@ pub fn render(s: &HealthSnapshot) -> String {
             .as_ref()
             .and_then(|n| n.name.as_deref())
             .unwrap_or("-");
+        // The fence's effect (`NoSchedule`), `failed`, or `-`: unfenced.
+        let fence = g.fence.as_ref().map_or("-", |f| {
+            if f.failed.is_some() {
+                "failed"
+            } else {
+                f.effect.name()
+            }
+        });
         let _ = writeln!(
             out,
-            "{:<4} {:<14} {:<24} {:<8} {faults}",
+            "{:<4} {:<14} {:<24} {:<8} {fence:<11} {faults}",
             g.index,
             g.pci.to_string(),
             name,
             health_word(g.health)
         );
+        if let Some(f) = &g.fence {
+            let _ = writeln!(
+                out,
+                "     fenced on its own: DeviceTaintRule {} {} on {}{}",
+                crate::model::TAINT_KEY,
+                f.effect,
+                f.devices.join(", "),
+                f.failed
+                    .as_deref()
+                    .map_or_else(String::new, |why| format!(" (not written: {why})"))
+            );
+        }
         if let Some(f) = g.nvml.as_ref().and_then(|n| n.fabric.as_ref()) {
             let _ = writeln!(
                 out,

@@ -1,0 +1,359 @@
+//! Per-GPU fencing against the test API server: DeviceTaintRules on DRA nodes (the NVIDIA
+//! DRA driver's ResourceSlices, discovery of `resource.k8s.io`), the ladder, lifting on
+//! evidence, and the node condition wherever one GPU cannot be fenced. The kernel log is
+//! off (it is the machine's, shared by every test): Xids come as NVML's critical Xid events.
+
+use std::time::Duration;
+
+use gpu_agent_e2e::kube_api::KubeApi;
+use gpu_agent_e2e::{free_port, http_get, wait_until as wait, Host, NvmlScenario};
+use serde_json::Value;
+
+const NODE: &str = "gpu-node-1";
+const HW: &str = "AcceleratedHardwareReady";
+
+fn config(api: &KubeApi, host: &Host, extra: &str) -> String {
+    format!(
+        "node_name = \"{NODE}\"\n[kubernetes]\nkubeconfig = {:?}\nheartbeat_interval = \"1s\"\n[kmsg]\nenabled = false\n{extra}",
+        api.kubeconfig(host.dir.path())
+    )
+}
+
+/// NVML's critical Xid events, `(gpu, xid)`, each delivered once by position: a later
+/// scenario lists the earlier ones again, then the new.
+fn xids(events: &[(usize, u32)]) -> NvmlScenario {
+    events
+        .iter()
+        .fold(NvmlScenario::healthy(), |s, (gpu, xid)| {
+            s.top(&format!("[[event]]\ngpu = {gpu}\nxid = {xid}"))
+        })
+}
+
+/// The NVIDIA DRA driver's slice for this host's eight GPUs, GPU 3 with two MIG devices, and
+/// another node's slice (never to be touched).
+fn publish(api: &KubeApi, host: &Host) -> [String; 2] {
+    let names: Vec<String> = (0..8).map(|i| format!("gpu-{i}")).collect();
+    let uuids: Vec<String> = (0..8).map(|i| host.gpu_uuid(i)).collect();
+    let gpus: Vec<(&str, &str)> = names
+        .iter()
+        .zip(&uuids)
+        .map(|(n, u)| (n.as_str(), u.as_str()))
+        .collect();
+    let migs = [
+        format!("MIG-{:08x}-3-0", host.domain),
+        format!("MIG-{:08x}-3-1", host.domain),
+    ];
+    api.publish_gpus(
+        NODE,
+        &gpus,
+        &[
+            ("gpu-3-mig-1g10gb-19-0", &migs[0], &uuids[3]),
+            ("gpu-3-mig-1g10gb-19-1", &migs[1], &uuids[3]),
+        ],
+    );
+    api.publish_gpus("other-node", &[("gpu-3", "GPU-other")], &[]);
+    migs
+}
+
+/// `(device, effect)` of every stored rule, sorted.
+fn fences(api: &KubeApi) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = api
+        .rules()
+        .iter()
+        .map(|r| {
+            (
+                r["spec"]["deviceSelector"]["device"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                r["spec"]["taint"]["effect"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn gpu3(effect: &str) -> Vec<(String, String)> {
+    ["gpu-3", "gpu-3-mig-1g10gb-19-0", "gpu-3-mig-1g10gb-19-1"]
+        .iter()
+        .map(|d| (d.to_string(), effect.to_string()))
+        .collect()
+}
+
+fn hw(api: &KubeApi) -> (String, String) {
+    api.condition(NODE, HW).map_or_else(Default::default, |c| {
+        (
+            c["status"].as_str().unwrap_or_default().to_string(),
+            c["message"].as_str().unwrap_or_default().to_string(),
+        )
+    })
+}
+
+/// Every status the hardware condition was ever PATCHed with.
+fn hw_statuses_written(api: &KubeApi) -> Vec<String> {
+    api.requests()
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path.ends_with("/status"))
+        .filter_map(|r| serde_json::from_str::<Value>(&r.body).ok())
+        .flat_map(|b| {
+            b["status"]["conditions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter(|c| c["type"] == HW)
+        .map(|c| c["status"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[test]
+fn a_fatal_xid_fences_one_gpu_and_its_mig_devices_never_lowered_and_lifted_on_recovery() {
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    api.serve_taint_rules(&["v1"]);
+    publish(&api, &host);
+    let port = free_port();
+    let agent = host.start_with_nvml(
+        &NvmlScenario::healthy(),
+        &config(
+            &api,
+            &host,
+            &format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n"),
+        ),
+    );
+    wait(Duration::from_secs(5), "fencing on, condition True", || {
+        agent.sink("device-taints")["state"] == "on" && hw(&api).0 == "True"
+    });
+    let s = agent.snapshot().expect("snapshot");
+    assert_eq!(s["fencing"]["api_version"], "v1");
+    assert_eq!(s["fencing"]["gpus"].as_array().map(Vec::len), Some(8));
+
+    // Xid 48 (double-bit ECC: reset the GPU), and the driver asks for a reset.
+    xids(&[(3, 48)]).gpu(3, "recovery_action = 1").write(&host);
+    wait(Duration::from_secs(5), "GPU 3 fenced NoSchedule", || {
+        fences(&api) == gpu3("NoSchedule")
+    });
+    for rule in api.rules() {
+        assert_eq!(rule["apiVersion"], "resource.k8s.io/v1");
+        assert_eq!(rule["spec"]["deviceSelector"]["driver"], "gpu.nvidia.com");
+        assert_eq!(rule["spec"]["deviceSelector"]["pool"], NODE);
+        assert_eq!(rule["spec"]["taint"]["key"], "gpu-agent.io/gpu-fault");
+        assert!(
+            rule["spec"]["taint"]["timeAdded"].is_string(),
+            "set by the server"
+        );
+        assert_eq!(
+            rule["metadata"]["annotations"]["gpu-agent.io/gpu-uuid"],
+            host.gpu_uuid(3)
+        );
+        assert!(rule["metadata"]["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with(&format!("gpu-agent.{NODE}.gpu-3"))));
+    }
+    // The node stays in service: one GPU is out, not eight.
+    wait(
+        Duration::from_secs(3),
+        "the condition names the fence",
+        || {
+            hw(&api)
+                .1
+                .contains("fenced on their own: GPU 3 (NoSchedule, ")
+        },
+    );
+    assert_eq!(hw(&api).0, "True");
+    assert!(
+        !hw_statuses_written(&api).contains(&"False".to_string()),
+        "never condemned the node"
+    );
+    let (_, text) = agent.status(false);
+    assert!(text.contains("FENCE"), "{text}");
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("3 "))
+        .expect("GPU 3 row");
+    assert!(row.contains("NoSchedule"), "{row}");
+    let metrics = http_get(port, "/metrics");
+    assert!(
+        metrics.contains("gpu_agent_gpu_fenced{gpu=\"3\",effect=\"NoSchedule\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("gpu_agent_gpu_fenced{gpu=\"3\",effect=\"None\"} 0"));
+
+    // A later, milder Xid on the same GPU never lowers the fence.
+    xids(&[(3, 48), (3, 13)])
+        .gpu(3, "recovery_action = 1")
+        .write(&host);
+    wait(Duration::from_secs(3), "Xid 13 seen", || {
+        gpu_agent_e2e::fault(&agent.snapshot().expect("snapshot"), &host, "xid", Some(13)).is_some()
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(fences(&api), gpu3("NoSchedule"));
+
+    // The driver's recovery action back to None: the faults end, the rules go.
+    xids(&[(3, 48), (3, 13)]).write(&host);
+    wait(Duration::from_secs(5), "rules deleted", || {
+        api.rules().is_empty()
+    });
+    let s = agent.snapshot().expect("snapshot");
+    assert!(gpu_agent_e2e::fault(&s, &host, "xid", Some(48)).is_none());
+    assert!(s["gpus"][3].get("fence").is_none());
+    assert_eq!(hw(&api).0, "True");
+    assert!(agent.stop().success());
+}
+
+#[test]
+fn a_gpu_gone_and_a_device_plugin_node_keep_the_node_condition() {
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    // The API serves DeviceTaintRule, but no DRA driver publishes this node's GPUs.
+    api.serve_taint_rules(&["v1"]);
+    let agent = host.start_with_nvml(&NvmlScenario::healthy(), &config(&api, &host, ""));
+    wait(
+        Duration::from_secs(5),
+        "fencing off with the reason",
+        || agent.sink("device-taints")["state"] == "off",
+    );
+    let reason = agent.sink("device-taints")["reason"].to_string();
+    assert!(
+        reason.contains("no ResourceSlice of driver gpu.nvidia.com"),
+        "{reason}"
+    );
+    xids(&[(2, 48)]).write(&host);
+    wait(Duration::from_secs(5), "node condition False", || {
+        hw(&api).0 == "False"
+    });
+    xids(&[(2, 48), (5, 79)]).write(&host);
+    wait(Duration::from_secs(5), "the whole node, said why", || {
+        hw(&api).1.contains("the whole node is unfit")
+    });
+    assert!(api.rules().is_empty());
+    let (_, text) = agent.status(false);
+    assert!(text.contains("Whole node"), "{text}");
+    assert!(agent.stop().success());
+
+    // A DRA node: a GPU fallen off the bus is still the node's (a reboot brings it back).
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    api.serve_taint_rules(&["v1"]);
+    publish(&api, &host);
+    let agent = host.start_with_nvml(&NvmlScenario::healthy(), &config(&api, &host, ""));
+    wait(Duration::from_secs(5), "fencing on", || {
+        agent.sink("device-taints")["state"] == "on"
+    });
+    xids(&[(3, 79)]).write(&host);
+    wait(Duration::from_secs(5), "node condition False", || {
+        hw(&api).0 == "False"
+    });
+    assert!(api.rules().is_empty(), "{:?}", api.rules());
+    assert!(agent.stop().success());
+}
+
+#[test]
+fn no_device_taint_rule_api_turns_fencing_off_and_the_condition_carries_the_fault() {
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    // resource.k8s.io serves ResourceSlices (the driver runs) but no DeviceTaintRule.
+    publish(&api, &host);
+    let agent = host.start_with_nvml(&NvmlScenario::healthy(), &config(&api, &host, ""));
+    wait(Duration::from_secs(5), "fencing off", || {
+        agent.sink("device-taints")["state"] == "off"
+    });
+    let reason = agent.sink("device-taints")["reason"].to_string();
+    assert!(reason.contains("serves no DeviceTaintRule"), "{reason}");
+    assert!(agent.snapshot().expect("snapshot").get("fencing").is_none());
+    xids(&[(3, 48)]).write(&host);
+    wait(Duration::from_secs(5), "node condition False", || {
+        hw(&api).0 == "False"
+    });
+    assert!(api.rules().is_empty());
+    assert!(!api
+        .requests()
+        .iter()
+        .any(|r| r.path.contains("devicetaintrules")));
+    assert!(agent.stop().success());
+}
+
+#[test]
+fn v1beta2_a_refused_rule_falls_back_to_the_condition_and_a_stored_rule_is_never_lowered() {
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    api.serve_taint_rules(&["v1beta2"]);
+    publish(&api, &host);
+    // NoExecute on GPU 5, written before this agent ran and not labelled as its own (by
+    // hand, or an older agent): not listed, found by the 409 on create.
+    api.state.lock().expect("state").rules.insert(
+        format!("gpu-agent.{NODE}.gpu-5"),
+        serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1beta2", "kind": "DeviceTaintRule",
+            "metadata": { "name": format!("gpu-agent.{NODE}.gpu-5") },
+            "spec": { "deviceSelector": { "driver": "gpu.nvidia.com", "pool": NODE, "device": "gpu-5" },
+                "taint": { "key": "gpu-agent.io/gpu-fault", "value": "NvidiaXID48Error", "effect": "NoExecute", "timeAdded": "2026-12-01T00:00:00Z" } }
+        }),
+    );
+    api.forbid_taint_rules(true);
+    // A driver before R565: no recovery action to clear it; only the operator does.
+    let agent = host.start_with_nvml(&xids(&[(5, 48)]), &config(&api, &host, ""));
+    // No RBAC: the sink fails with the reason, and the node condition carries the fault.
+    wait(
+        Duration::from_secs(5),
+        "sink failed, condition False",
+        || agent.sink("device-taints")["state"] == "failed" && hw(&api).0 == "False",
+    );
+    let reason = agent.sink("device-taints")["reason"].to_string();
+    assert!(reason.contains("403 Forbidden"), "{reason}");
+
+    // The ClusterRole applied: the rule is found, kept at NoExecute, and the node returns.
+    api.forbid_taint_rules(false);
+    wait(Duration::from_secs(10), "fenced, condition True", || {
+        agent.sink("device-taints")["state"] == "on" && hw(&api).0 == "True"
+    });
+    let rules = api.rules();
+    assert_eq!(rules.len(), 1, "{rules:?}");
+    assert_eq!(
+        rules[0]["spec"]["taint"]["effect"], "NoExecute",
+        "never lowered"
+    );
+    assert_eq!(rules[0]["apiVersion"], "resource.k8s.io/v1beta2");
+    assert_eq!(
+        rules[0]["metadata"]["labels"]["app.kubernetes.io/managed-by"], "gpu-agent",
+        "marked as the agent's now"
+    );
+    let writes: Vec<String> = api
+        .requests()
+        .iter()
+        .filter(|r| {
+            r.path.contains("/devicetaintrules/") && r.method != "GET" || r.method == "POST"
+        })
+        .filter(|r| r.path.contains("devicetaintrules"))
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert_eq!(
+        writes.last().map(String::as_str),
+        Some(
+            format!("PATCH /apis/resource.k8s.io/v1beta2/devicetaintrules/gpu-agent.{NODE}.gpu-5")
+                .as_str()
+        ),
+        "{writes:?}"
+    );
+    let (_, text) = agent.status(false);
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("5 "))
+        .expect("GPU 5 row");
+    assert!(row.contains("NoExecute"), "{row}");
+
+    // A clear by the operator lifts it.
+    let (code, out, err) = gpu_agent_e2e::cli(&[
+        "--config",
+        &host.dir.path().join("config.toml").to_string_lossy(),
+        "clear",
+        "--all",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    wait(Duration::from_secs(5), "lifted", || api.rules().is_empty());
+    assert!(agent.stop().success());
+}
