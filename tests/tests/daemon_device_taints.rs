@@ -171,6 +171,10 @@ fn a_fatal_xid_fences_one_gpu_and_its_mig_devices_never_lowered_and_lifted_on_re
     );
     let (_, text) = agent.status(false);
     assert!(text.contains("FENCE"), "{text}");
+    assert!(
+        text.contains("Per-GPU fencing: DeviceTaintRule resource.k8s.io/v1, 8 GPUs published by the DRA driver, 1 fenced"),
+        "{text}"
+    );
     let row = text
         .lines()
         .find(|l| l.starts_with("3 "))

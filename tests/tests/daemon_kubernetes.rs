@@ -672,6 +672,21 @@ fn scheduled_maintenance_is_planned_at_once_in_progress_at_its_act_time_and_clea
     let deadline = annotation().expect("annotation");
     assert_eq!(reason, "ScheduledMaintenance");
     assert!(message.contains(&deadline), "{message} / {deadline}");
+    // `status` shows the conditions written.
+    wait(
+        Duration::from_secs(3),
+        "status shows the conditions",
+        || {
+            agent
+                .status(false)
+                .1
+                .contains("MaintenancePlanned=True (ScheduledMaintenance)")
+        },
+    );
+    assert!(agent
+        .status(false)
+        .1
+        .contains("MaintenanceInProgress=False (NoMaintenanceInProgress)"));
     // The notice's own deadline, to the second, as RFC 3339.
     assert_eq!(deadline, gpu_agent_e2e::trainer::rfc3339(far), "annotation");
     std::thread::sleep(Duration::from_millis(1500));

@@ -29,7 +29,7 @@ pub use pci::{PciAddress, PciAddressError};
 pub use reason::{reason, WHOLE_NODE};
 pub use snapshot::{
     GpuFabric, GpuIdentity, GpuStatus, GpuTelemetry, Health, HealthSnapshot, KmsgCounters,
-    KmsgStats, PendingEnd, SinkStatus, SourceState, SourceStatus,
+    KmsgStats, NodeCondition, PendingEnd, SinkStatus, SourceState, SourceStatus,
 };
 
 /// FNV-1a of `text`: a hash stable across runs and builds, for deterministic object names
@@ -65,6 +65,8 @@ pub enum Observation {
     NodeName(NodeName),
     /// What per-GPU fencing can do and has done (the device-taints sink); `None`: off.
     Fencing(Option<Fencing>),
+    /// The Node conditions the node-conditions sink wrote (shown by `status`).
+    Conditions(Vec<NodeCondition>),
     /// A polling source's complete view: these faults are all it sees now (faults it
     /// reported before and not now have cleared), and what it enumerated.
     Poll {

@@ -154,6 +154,18 @@ pub struct SourceStatus {
     pub state: SourceState,
 }
 
+/// A Node condition as gpu-agent last wrote it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeCondition {
+    /// Its type (`AcceleratedHardwareReady`, `MaintenancePlanned`, ...).
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True` or `False`.
+    pub status: String,
+    /// Its reason.
+    pub reason: String,
+}
+
 /// A sink and its state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SinkStatus {
@@ -291,6 +303,9 @@ pub struct HealthSnapshot {
     /// The host's IMEX unit, where the `imex` source watches it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub imex: Option<super::ImexState>,
+    /// The Node conditions as the node-conditions sink last wrote them (empty: none written).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<NodeCondition>,
     /// What per-GPU fencing can do on this node; `None`: off (no DRA driver, no
     /// DeviceTaintRule API, turned off, or no Kubernetes).
     #[serde(default, skip_serializing_if = "Option::is_none")]

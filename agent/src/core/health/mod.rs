@@ -64,6 +64,8 @@ pub struct HealthModel {
     imex: Option<crate::model::ImexState>,
     /// Per-GPU fencing as the device-taints sink last reported it.
     fencing: Option<crate::model::Fencing>,
+    /// The Node conditions as last written.
+    conditions: Vec<crate::model::NodeCondition>,
 }
 
 impl HealthModel {
@@ -100,6 +102,7 @@ impl HealthModel {
             efa: Vec::new(),
             imex: None,
             fencing: None,
+            conditions: Vec::new(),
         }
     }
 
@@ -248,6 +251,11 @@ impl HealthModel {
                     tracing::info!(node = %name.name, from = %name.source, "Node name resolved.");
                 }
                 self.node_name = name;
+                changed
+            }
+            Observation::Conditions(conditions) => {
+                let changed = self.conditions != conditions;
+                self.conditions = conditions;
                 changed
             }
             Observation::Fencing(fencing) => {

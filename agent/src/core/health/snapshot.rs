@@ -179,6 +179,7 @@ impl HealthModel {
             driver_version: self.driver_version.clone(),
             efa: self.efa.clone(),
             imex: self.imex.clone(),
+            conditions: self.conditions.clone(),
             fencing: self.fencing.clone(),
             holders: None,
             updated_at: SystemTime::now(),

@@ -199,6 +199,21 @@ impl Writer {
         Ok(())
     }
 
+    /// The owned conditions as the server holds them, sorted by type (for `status`).
+    fn written(&self) -> Vec<crate::model::NodeCondition> {
+        let mut out: Vec<crate::model::NodeCondition> = self
+            .known
+            .values()
+            .map(|k| crate::model::NodeCondition {
+                type_: k.desired.type_.clone(),
+                status: k.desired.status.to_string(),
+                reason: k.desired.reason.clone(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.type_.cmp(&b.type_));
+        out
+    }
+
     async fn write_events(
         &mut self,
         api: &NodeApi,
@@ -278,6 +293,7 @@ pub async fn run(
     let mut last_error: Option<String> = None;
     let mut reported_on = false;
     let mut last_write: Option<Instant> = None;
+    let mut reported_conditions = Vec::new();
     loop {
         let wake = due.map_or(next_heartbeat, |d| d.min(next_heartbeat));
         tokio::select! {
@@ -306,6 +322,11 @@ pub async fn run(
         last_write = Some(now);
         match writer.sync(&snapshot, heartbeat).await {
             Ok(()) => {
+                let written = writer.written();
+                if written != reported_conditions {
+                    let _ = status.send(Observation::Conditions(written.clone())).await;
+                    reported_conditions = written;
+                }
                 // A known end that becomes due with time alone (deadline - lead) is written
                 // when it does, not at the next heartbeat.
                 let wall = SystemTime::now();

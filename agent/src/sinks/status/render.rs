@@ -56,6 +56,23 @@ pub fn render(s: &HealthSnapshot) -> String {
         }
     }
 
+    if !s.conditions.is_empty() {
+        let written: Vec<String> = s
+            .conditions
+            .iter()
+            .map(|c| format!("{}={} ({})", c.type_, c.status, c.reason))
+            .collect();
+        let _ = writeln!(out, "Node conditions: {}", written.join(", "));
+    }
+    if let Some(f) = &s.fencing {
+        let _ = writeln!(
+            out,
+            "Per-GPU fencing: DeviceTaintRule resource.k8s.io/{}, {} GPUs published by the DRA driver, {} fenced",
+            f.api_version,
+            f.gpus.len(),
+            f.fences.iter().filter(|x| x.failed.is_none()).count()
+        );
+    }
     if let Some(driver) = &s.driver_version {
         let _ = writeln!(out, "NVIDIA driver {driver}");
     }
