@@ -100,3 +100,44 @@ pub fn write(path: &Path, contents: Option<&Contents>) {
         tracing::warn!(path = %path.display(), error = %e, "Cannot update the notice file.");
     }
 }
+
+/// Keep `path` in line with the earliest ending acted on (absent when there is none; one an
+/// earlier run left stays while `keep_inherited` and no ending is known).
+pub(super) async fn update(
+    path: &std::path::Path,
+    settings: &super::Settings,
+    snapshot: &crate::model::HealthSnapshot,
+    record: &super::Record,
+    written: &mut Option<String>,
+    keep_inherited: bool,
+) {
+    let ending = snapshot
+        .notices
+        .iter()
+        .filter(|n| n.kind.ends_instance() && record.done(&n.id))
+        .min_by_key(|n| n.deadline);
+    let key = ending.map(|n| {
+        let unix = n
+            .deadline
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        format!("{}|{unix}", n.id)
+    });
+    if key == *written {
+        return;
+    }
+    if key.is_none() && keep_inherited {
+        return;
+    }
+    let contents = ending.map(|n| {
+        Contents::new(
+            n,
+            &crate::model::signal::name(settings.selection.signal),
+            settings.ack_dir.as_deref(),
+            SystemTime::now(),
+        )
+    });
+    let path = path.to_path_buf();
+    let _ = tokio::task::spawn_blocking(move || write(&path, contents.as_ref())).await;
+    *written = key;
+}
