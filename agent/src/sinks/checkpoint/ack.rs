@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use super::targets;
+use super::proc_facts;
 use crate::host::proc_read::{read_in_root, Limits, ProcReader, Refused};
 
 /// The mode of the host's ack directory: anyone may create a file, no one may list, rename
@@ -78,7 +78,7 @@ pub fn read(reader: &mut ProcReader, file: &AckFile, since: SystemTime) -> Ack {
         read_in_root(
             &f.procfs,
             f.pid,
-            |stat| targets::parse_stat(stat).is_some_and(|s| s.start_time == start_time),
+            |stat| proc_facts::parse_stat(stat).is_some_and(|s| s.start_time == start_time),
             &f.dir,
             &f.ns_pid.to_string(),
             Limits {
@@ -126,7 +126,7 @@ mod tests {
     fn own(dir: &Path) -> (AckFile, PathBuf) {
         let pid = i32::try_from(std::process::id()).expect("pid");
         let procfs = PathBuf::from("/proc");
-        let start_time = targets::stat(&procfs, pid).expect("own stat").start_time;
+        let start_time = proc_facts::stat(&procfs, pid).expect("own stat").start_time;
         let file = AckFile {
             procfs,
             pid,

@@ -105,19 +105,10 @@ impl Delivery {
                 round
                     .skipped
                     .push(format!("pid {} ({}): {}", c.pid, c.name, c.why));
-                let reason = if c.why.contains("does not handle") {
-                    "no-handler"
-                } else if c.why.contains("excluded") {
-                    "excluded"
-                } else if c.why.contains("stuck in the kernel") {
-                    "stuck"
-                } else {
-                    "other"
-                };
                 if let Some(m) = metrics {
                     m.skipped
                         .get_or_create(&SkipLabels {
-                            reason: reason.into(),
+                            reason: c.why.label().into(),
                         })
                         .inc();
                 }

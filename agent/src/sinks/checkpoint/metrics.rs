@@ -16,7 +16,8 @@ pub struct KindLabels {
 /// Labels of skipped targets.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SkipLabels {
-    /// Why (`no-handler`, `excluded`, `gone`, ...).
+    /// Why ([`super::Verdict::label`]: `no-handler`, `excluded`, `launcher`, `stuck`, ...;
+    /// `gone` when the process exited before its signal).
     pub reason: String,
 }
 

@@ -30,10 +30,12 @@ mod deliver;
 mod kube_report;
 mod metrics;
 mod notice_file;
+mod proc_facts;
 mod record;
 mod send;
 mod settle;
 mod targets;
+mod verdict;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

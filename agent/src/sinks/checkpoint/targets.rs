@@ -27,6 +27,9 @@ use rustix::process::Signal;
 use serde::Serialize;
 
 use super::declared::{self, Ask};
+use super::proc_facts::{container_id, executable, ns_pid_in, parse_stat, pod_uid, sigcgt_in};
+pub use super::proc_facts::{sigcgt, stat, Stat};
+pub use super::verdict::Verdict;
 use crate::host::proc_read::{ProcReader, Stuck};
 use crate::model::signal as signals;
 
@@ -93,7 +96,7 @@ pub struct Candidate {
     /// The signal it gets, if it is a target.
     pub signal: Option<String>,
     /// Why it is in or out.
-    pub why: String,
+    pub why: Verdict,
     /// Kubernetes pod UID, from its cgroup, where it runs in a pod.
     pub pod_uid: Option<String>,
     /// Its container's ID (the runtime's, from its cgroup), where it runs in a pod.
@@ -133,124 +136,6 @@ pub struct Selection {
     /// Only these pods' processes are signalled (UIDs; their declared leads are due before
     /// the node's); `None`: every pod's.
     pub only_pods: Option<Vec<String>>,
-}
-
-/// A process's own procfs file (`stat`, `status`: lock-free, no deadline needed), capped.
-fn read(path: &Path) -> Option<String> {
-    crate::host::proc_read::read_capped(path, crate::host::proc_read::PROC_FILE_CAP)
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-}
-
-/// What `/proc/PID/stat` says of a process.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Stat {
-    /// The kernel's 15-character command name.
-    pub comm: String,
-    /// Parent PID.
-    pub ppid: i32,
-    /// Start time in clock ticks since boot.
-    pub start_time: u64,
-    /// Exited, waiting for its parent to reap it (state `Z` or `X`).
-    pub zombie: bool,
-    /// Where its arguments and environment lie in its memory (fields 48-51: `arg_start`,
-    /// `arg_end`, `env_start`, `env_end`), digested: a forked copy shares them with its
-    /// parent (a rewritten argv included), a process that exec'd has its own. `None` where
-    /// the kernel shows zeros (no ptrace access to it) or an older kernel shows none. Read
-    /// without the process's memory-map lock, unlike `cmdline` and `environ`.
-    pub image: Option<u64>,
-}
-
-/// `/proc/PID/stat`, parsed (comm may hold spaces and parentheses).
-pub fn stat(procfs: &Path, pid: i32) -> Option<Stat> {
-    parse_stat(&read(&procfs.join(pid.to_string()).join("stat"))?)
-}
-
-/// `/proc/PID/stat`'s text, parsed.
-pub(super) fn parse_stat(text: &str) -> Option<Stat> {
-    let open = text.find('(')?;
-    let close = text.rfind(')')?;
-    let fields: Vec<&str> = text[close + 1..].split_whitespace().collect();
-    // After the comm: state(0) ppid(1) ... starttime is field 22 overall, index 19 here.
-    // Fields 48-51 overall, indices 45-48 here.
-    let layout: Option<Vec<u64>> = (45..49)
-        .map(|i| fields.get(i).and_then(|f| f.parse().ok()))
-        .collect();
-    let image = layout.filter(|l| l.iter().any(|a| *a != 0)).map(|l| {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        l.hash(&mut h);
-        h.finish()
-    });
-    Some(Stat {
-        comm: text[open + 1..close].to_string(),
-        ppid: fields.get(1)?.parse().ok()?,
-        start_time: fields.get(19)?.parse().ok()?,
-        zombie: matches!(fields.first(), Some(&"Z" | &"X")),
-        image,
-    })
-}
-
-/// The `SigCgt` mask from `/proc/PID/status`.
-pub fn sigcgt(procfs: &Path, pid: i32) -> Option<String> {
-    sigcgt_in(&read(&procfs.join(pid.to_string()).join("status"))?)
-}
-
-/// The PID in the innermost PID namespace (`NSpid:\t4242\t7` -> 7).
-fn ns_pid_in(status: &str) -> Option<i32> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))
-        .and_then(|v| v.split_whitespace().last())
-        .and_then(|v| v.parse().ok())
-}
-
-fn sigcgt_in(status: &str) -> Option<String> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("SigCgt:").map(|v| v.trim().to_string()))
-}
-
-fn pod_uid(cgroup: &str) -> Option<String> {
-    // cgroupfs: .../kubepods/burstable/pod<uid>/...; systemd: ...kubepods-burstable-pod<uid_with_underscores>.slice
-    if !cgroup.contains("kubepods") {
-        return None;
-    }
-    cgroup.split(['/', '\n']).find_map(|part| {
-        let at = part.rfind("pod")?;
-        let uid = part[at + 3..].trim_end_matches(".slice").replace('_', "-");
-        (uid.len() == 36 && uid.chars().all(|c| c.is_ascii_hexdigit() || c == '-')).then_some(uid)
-    })
-}
-
-/// The container ID in a pod's cgroup path (the first hierarchy that names the pod): its
-/// last part, as the runtime names it (`cri-containerd-<id>.scope`, `crio-<id>.scope`,
-/// `docker-<id>.scope` with the systemd driver; `<id>` with cgroupfs).
-fn container_id(cgroup: &str) -> Option<String> {
-    let line = cgroup.lines().find(|l| l.contains("kubepods"))?;
-    let last = line.rsplit('/').next()?;
-    let last = last.strip_suffix(".scope").unwrap_or(last);
-    let id = ["cri-containerd-", "crio-", "docker-", "containerd-"]
-        .iter()
-        .find_map(|p| last.strip_prefix(p))
-        .unwrap_or(last);
-    (id.len() == 64 && id.chars().all(|c| c.is_ascii_hexdigit())).then(|| id.to_string())
-}
-
-/// The executable's file name (`/proc/PID/exe`, else the command line's first word).
-fn executable(
-    reader: &mut ProcReader,
-    dir: &Path,
-    cmdline: &[String],
-) -> Result<Option<String>, Stuck> {
-    Ok(reader
-        .read_link(&dir.join("exe"))?
-        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .or_else(|| {
-            cmdline
-                .first()
-                .and_then(|a| Path::new(a).file_name())
-                .map(|n| n.to_string_lossy().into_owned())
-        }))
 }
 
 /// A path's last part.
@@ -449,10 +334,7 @@ fn only_topmost(sel: &Selection, reader: &mut ProcReader, candidates: &mut [Cand
             continue;
         }
         if supervisors.contains(&c.pid) {
-            c.why = "skipped: supervises other targets and holds no GPU itself (a `timeout`, \
-                     shell or init forwards a signal or dies of it): the processes below it \
-                     are signalled"
-                .into();
+            c.why = Verdict::Supervisor;
             c.signal = None;
             continue;
         }
@@ -462,10 +344,10 @@ fn only_topmost(sel: &Selection, reader: &mut ProcReader, candidates: &mut [Cand
                 .find(|(pid, _, image)| pid == up && *image == c.image)
         });
         if let Some((pid, name, _)) = copy_of {
-            c.why = format!(
-                "skipped: a forked copy of target {pid} ({name}), which checkpoints for it \
-                 (forked workers inherit the GPU files and the handler)"
-            );
+            c.why = Verdict::ForkedCopy {
+                pid: *pid,
+                name: name.clone(),
+            };
             c.signal = None;
             continue;
         }
@@ -476,10 +358,7 @@ fn only_topmost(sel: &Selection, reader: &mut ProcReader, candidates: &mut [Cand
         });
         if let Some(pid) = waits_on.or(waits_below.iter().find(|p| **p == c.pid)) {
             c.waiting = true;
-            c.why = format!(
-                "waits for process {pid}, whose files did not answer: whether this one is \
-                 signalled depends on it"
-            );
+            c.why = Verdict::Waits(*pid);
         }
     }
 }
@@ -505,10 +384,7 @@ fn consider(sel: &Selection, reader: &mut ProcReader, pid: i32) -> Option<Candid
                 start_time: stat.start_time,
                 name: stat.comm,
                 signal: None,
-                why: format!(
-                    "skipped: stuck in the kernel: {stuck}; a process that cannot run \
-                     cannot checkpoint"
-                ),
+                why: Verdict::Stuck(stuck.to_string()),
                 pod_uid: None,
                 container_id: None,
                 ns_pid: pid,
@@ -608,7 +484,7 @@ fn consider_one(
         start_time,
         name: name.clone(),
         signal: None,
-        why: String::new(),
+        why: Verdict::Undecided,
         pod_uid: None,
         container_id: None,
         ns_pid: ns_pid_in(&status).unwrap_or(pid),
@@ -645,26 +521,21 @@ fn consider_one(
         (None, None) => Some(sel.signal),
     };
     candidate.why = if pid == 1 || u32::try_from(pid).is_ok_and(|p| p == me) {
-        "skipped: init or the agent itself".into()
+        Verdict::InitOrAgent
     } else if ppid == 2 || ppid == 0 {
-        "skipped: kernel thread".into()
+        Verdict::KernelThread
     } else if let Some(n) = excluded {
-        format!("skipped: {n} is a system daemon (excluded)")
+        Verdict::Excluded((*n).to_string())
     } else if let Some(l) = launcher(&cmdline) {
-        format!(
-            "skipped: {l} is a launcher: its workers are signalled (a launcher treats a \
-             handled signal as the job's death and kills them)"
-        )
+        Verdict::Launcher(l)
     } else if let (Some(d), None) = (declared, signal) {
-        format!(
-            "skipped: pod {} declares {} none (it reads the notice file)",
-            d.pod,
-            declared::SIGNAL_ANNOTATION
-        )
+        Verdict::DeclaredNone { pod: d.pod.clone() }
     } else if let (Some(requested), None) = (&opt_in, signal) {
-        format!("skipped: opted in with {OPT_IN_VAR}={requested}, which is not a catchable signal")
+        Verdict::NotCatchable {
+            requested: requested.clone(),
+        }
     } else if let Some(why) = signal.and_then(signals::refused) {
-        format!("skipped: opted in with {OPT_IN_VAR}: {why}")
+        Verdict::Refused(why.to_string())
     } else {
         let signal = signal.unwrap_or(sel.signal);
         let held = device
@@ -682,20 +553,14 @@ fn consider_one(
             (None, None, None) => String::new(),
         };
         let asked = declared.is_some() || opt_in.is_some();
+        let name = signals::name(signal);
         if !asked && mask.as_deref().is_some_and(signals::catches_everything) {
-            format!(
-                "skipped: {what} but catches every signal (a Go program's runtime does, and \
-                 ignores {}): declare the signal on its pod or opt in to signal it",
-                signals::name(signal)
-            )
+            Verdict::CatchesEverything { what, signal: name }
         } else if mask.is_some_and(|mask| signals::caught(&mask, signal)) {
-            candidate.signal = Some(signals::name(signal));
-            format!("target: {what} and handles {}", signals::name(signal))
+            candidate.signal = Some(name.clone());
+            Verdict::Target { what, signal: name }
         } else {
-            format!(
-                "skipped: {what} but does not handle {} (it would be killed)",
-                signals::name(signal)
-            )
+            Verdict::NoHandler { what, signal: name }
         }
     };
     Ok(Some(candidate))
@@ -818,7 +683,7 @@ mod tests {
         let found = scan(&sel);
         let why = |pid: i32| {
             let c = found.iter().find(|c| c.pid == pid).expect("listed");
-            (c.signal.clone(), c.why.clone())
+            (c.signal.clone(), c.why.to_string())
         };
         assert!(
             why(100).0.is_none() && why(100).1.contains("launcher"),
@@ -968,7 +833,7 @@ mod tests {
         assert!(c(&first, 700).waiting && c(&first, 700).signal.is_none());
         let copy = c(&first, 701);
         assert!(
-            copy.waiting && copy.why.contains("waits for process 700"),
+            copy.waiting && copy.why.to_string().contains("waits for process 700"),
             "{}",
             copy.why
         );
@@ -989,7 +854,9 @@ mod tests {
         let second = scan.decide(false);
         assert_eq!(c(&second, 700).signal.as_deref(), Some("SIGUSR1"));
         let copy = c(&second, 701);
-        assert!(copy.signal.is_none() && copy.why.contains("forked copy of target 700"));
+        assert!(
+            copy.signal.is_none() && copy.why.to_string().contains("forked copy of target 700")
+        );
     }
 
     /// Issue 22: a process in D state blocked the scan (its `environ` read never returned),
@@ -1035,7 +902,8 @@ mod tests {
             (None, "python3")
         );
         assert!(
-            stuck.why.contains("stuck in the kernel") && stuck.why.contains("501/environ"),
+            stuck.why.to_string().contains("stuck in the kernel")
+                && stuck.why.to_string().contains("501/environ"),
             "{}",
             stuck.why
         );
@@ -1115,7 +983,7 @@ mod tests {
 
     fn outcome(found: &[Candidate], pid: i32) -> (Option<String>, String) {
         let c = found.iter().find(|c| c.pid == pid).expect("listed");
-        (c.signal.clone(), c.why.clone())
+        (c.signal.clone(), c.why.to_string())
     }
 
     /// Issue 22: Lightning's DDP launcher and `mp.spawn` start ranks as children of rank 0;
