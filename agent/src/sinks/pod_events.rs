@@ -6,7 +6,7 @@
 //! Nothing is asked while nothing happens: the kubelet (pod-resources `List`) and the API
 //! server (the pods' uids) are asked only when a GPU fault is new or its count grew. One
 //! Event per pod and fault, with a deterministic name, updated with the count at most every
-//! [`UPDATE_EVERY`]; no Event on a pod that holds no GPU, none for a GPU nobody holds.
+//! [`UPDATE_EVERY`](crate::sinks::kubernetes::events::UPDATE_EVERY); no Event on a pod that holds no GPU, none for a GPU nobody holds.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -14,8 +14,8 @@ use std::time::Instant;
 
 use tokio::sync::watch;
 
+use super::kubernetes::events::{event_name, fault_key, EventWrite, UPDATE_EVERY};
 use super::kubernetes::{ApiError, Link, NodeApi, NodePod};
-use super::node_conditions::{event_name, fault_key, UPDATE_EVERY};
 use super::pod_resources::Lookup;
 use crate::model::{Assignments, Component, Fault, GpuHolder, GpuStatus, HealthSnapshot, Severity};
 use crate::shutdown::Shutdown;
@@ -179,13 +179,9 @@ impl Poster {
                 };
                 let (name, body) = pod_event(&node, fault, gpu, pod, holders);
                 // Create; one already there (an earlier count, a restarted agent) is updated.
-                match api.create_event_in(&pod.namespace, &body).await {
-                    Err(e) if e.code() == Some(409) => {
-                        let update = serde_json::json!({ "count": body["count"], "lastTimestamp": body["lastTimestamp"], "message": body["message"] });
-                        api.patch_event_in(&pod.namespace, &name, &update).await?;
-                    }
-                    other => other?,
-                }
+                let count = fault.count;
+                api.write_event(&pod.namespace, &EventWrite::Create { name, body, count })
+                    .await?;
                 tracing::warn!(namespace = %pod.namespace, pod = %pod.name, fault = %fault.label(), "Fault posted on the pod holding the device.");
             }
         }

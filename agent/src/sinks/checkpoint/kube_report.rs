@@ -101,7 +101,7 @@ pub(super) async fn confirmation_events(
             &message,
             &node,
         );
-        if let Err(e) = api.create_event_in(&pod.namespace, &event).await {
+        if let Err(e) = write_once(&api, &pod.namespace, event).await {
             tracing::warn!(error = %e, pod = %pod.name, "Cannot post the checkpoint confirmation Event.");
         }
     }
@@ -195,8 +195,27 @@ pub(super) async fn tell_kubernetes(
             ),
             node,
         );
-        if let Err(e) = api.create_event_in(&pod.namespace, &event).await {
+        if let Err(e) = write_once(&api, &pod.namespace, event).await {
             tracing::warn!(error = %e, pod = %pod.name, "Cannot post the checkpoint Event on the pod.");
         }
     }
+}
+
+/// Post a one-off Event (count 1); one already there (a restarted agent acting again) is
+/// updated.
+async fn write_once(
+    api: &crate::sinks::kubernetes::NodeApi,
+    namespace: &str,
+    body: serde_json::Value,
+) -> Result<(), crate::sinks::kubernetes::ApiError> {
+    let name = body["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let write = crate::sinks::kubernetes::events::EventWrite::Create {
+        name,
+        body,
+        count: 1,
+    };
+    api.write_event(namespace, &write).await
 }

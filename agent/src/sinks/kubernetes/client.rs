@@ -263,11 +263,6 @@ impl NodeApi {
         .map(|_| ())
     }
 
-    /// POST a Node Event (namespace `default`, as the kubelet's).
-    pub async fn create_event(&self, event: &serde_json::Value) -> Result<(), ApiError> {
-        self.create_event_in("default", event).await
-    }
-
     /// Pods on this node, with their uids and containers.
     pub async fn pods_on_node(&self) -> Result<Vec<NodePod>, ApiError> {
         let pods: Api<Pod> = Api::all(self.events.clone().into_client());
@@ -297,8 +292,8 @@ impl NodeApi {
             .collect())
     }
 
-    /// POST an Event in `namespace` (a pod's).
-    pub async fn create_event_in(
+    /// POST an Event in `namespace` (only through [`NodeApi::write_event`]).
+    pub(super) async fn create_event_in(
         &self,
         namespace: &str,
         event: &serde_json::Value,
@@ -347,13 +342,8 @@ impl NodeApi {
             .await
     }
 
-    /// Merge-PATCH a Node Event (count, timestamps, message).
-    pub async fn patch_event(&self, name: &str, body: &serde_json::Value) -> Result<(), ApiError> {
-        self.patch_event_in("default", name, body).await
-    }
-
-    /// Merge-PATCH an Event in `namespace` (a pod's).
-    pub async fn patch_event_in(
+    /// Merge-PATCH an Event in `namespace` (only through [`NodeApi::write_event`]).
+    pub(super) async fn patch_event_in(
         &self,
         namespace: &str,
         name: &str,

@@ -18,6 +18,7 @@
 
 mod client;
 pub mod dra;
+pub mod events;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

@@ -2,64 +2,15 @@
 //! updated with the fault's count rather than a new Event per occurrence.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::model::{Fault, Severity};
-
-/// A repeating fault's Event is updated at most this often.
-pub const UPDATE_EVERY: Duration = Duration::from_secs(10);
+use crate::sinks::kubernetes::events::{event_name, EventWrite, UPDATE_EVERY};
 
 /// What was last sent for each fault's Event.
 #[derive(Debug, Default)]
 pub struct Posted {
     sent: HashMap<String, (u64, Instant)>,
-}
-
-/// An Event to create or update.
-#[derive(Debug, Clone, PartialEq)]
-pub enum EventWrite {
-    /// Create it (or, if it already exists, update it).
-    Create {
-        /// Its name.
-        name: String,
-        /// The whole Event.
-        body: serde_json::Value,
-        /// The fault's count.
-        count: u64,
-    },
-    /// Update its count and timestamps.
-    Update {
-        /// Its name.
-        name: String,
-        /// Merge patch.
-        body: serde_json::Value,
-        /// The whole Event, to create it again if it expired (the API server keeps Events
-        /// for an hour by default: an update then answers 404).
-        full: serde_json::Value,
-        /// The fault's count.
-        count: u64,
-    },
-}
-
-impl EventWrite {
-    /// The Event's name.
-    pub fn name(&self) -> &str {
-        match self {
-            Self::Create { name, .. } | Self::Update { name, .. } => name,
-        }
-    }
-}
-
-/// Deterministic Event name for a fault on a node (so a restarted agent finds its Event,
-/// and a pod Event can name the Node Event it belongs to).
-pub fn event_name(node: &str, fault: &Fault) -> String {
-    let hash = crate::model::stable_hash(&fault_key(fault));
-    format!("{node}.gpu-agent.{hash:016x}")
-}
-
-/// A fault's identity: its component and code.
-pub fn fault_key(fault: &Fault) -> String {
-    format!("{:?}|{:?}", fault.component, fault.code)
 }
 
 impl Posted {
@@ -143,7 +94,7 @@ mod tests {
     use super::*;
     use crate::core::HealthModel;
     use crate::model::KmsgStats;
-    use std::time::SystemTime;
+    use std::time::{Duration, SystemTime};
 
     #[test]
     fn one_event_per_fault_updated_not_duplicated() {

@@ -23,9 +23,9 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{mpsc, watch};
 
 pub use conditions::{desired, next_change, ConditionTypes, Desired};
-pub use events::{event_name, fault_key, UPDATE_EVERY};
 pub use metrics::SinkMetrics;
 
+use super::kubernetes::events::EventWrite;
 use super::kubernetes::{ApiError, Link, NodeApi};
 use crate::model::{HealthSnapshot, Observation, SinkStatus, SourceState};
 use crate::shutdown::Shutdown;
@@ -224,31 +224,10 @@ impl Writer {
         let now = Instant::now();
         self.posted.retain(&node, &snapshot.faults);
         for write in self.posted.pending(&node, &uid, &snapshot.faults, now) {
-            let result = match &write {
-                events::EventWrite::Create { body, name, count } => {
-                    match api.create_event(body).await {
-                        // Already there (a restarted agent): update it instead.
-                        Err(e) if e.code() == Some(409) => {
-                            let patch = serde_json::json!({ "count": count, "lastTimestamp": body["lastTimestamp"], "message": body["message"] });
-                            api.patch_event(name, &patch).await
-                        }
-                        other => other,
-                    }
-                }
-                events::EventWrite::Update {
-                    name, body, full, ..
-                } => {
-                    match api.patch_event(name, body).await {
-                        // Expired (Events live an hour by default): create it again.
-                        Err(e) if e.code() == Some(404) => api.create_event(full).await,
-                        other => other,
-                    }
-                }
-            };
+            let result = api.write_event("default", &write).await;
             result?;
             let count = match &write {
-                events::EventWrite::Create { count, .. }
-                | events::EventWrite::Update { count, .. } => *count,
+                EventWrite::Create { count, .. } | EventWrite::Update { count, .. } => *count,
             };
             self.posted.sent(write.name(), count, now);
         }
