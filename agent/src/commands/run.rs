@@ -144,9 +144,9 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
     let holders: status::Holders = pod_resources.clone();
     #[cfg(not(feature = "clients"))]
     let holders: status::Holders = None;
-    match crate::sinks::listen::Listener::bind(
+    match crate::host::listen::Listener::bind(
         &config.status.socket,
-        crate::sinks::listen::Directory::Private,
+        crate::host::listen::Directory::Private,
     )
     .await
     {

@@ -1,8 +1,12 @@
-//! Facts about the host read from sysfs and procfs (roots injectable for tests).
+//! Facts about the host read from sysfs and procfs (roots injectable for tests), and the
+//! host-side plumbing every local server and procfs reader shares: bounded reads of other
+//! processes' files ([`proc_read`]), where a socket peer lives ([`peer`]), and the one
+//! listener policy of the status, NVRx and metrics servers ([`listen`]).
 
 mod boot;
 mod dmi;
 pub mod instance_types;
+pub mod listen;
 pub mod node_name;
 mod pci;
 pub mod peer;

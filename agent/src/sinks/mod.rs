@@ -8,7 +8,6 @@ pub mod checkpoint;
 pub mod device_taints;
 #[cfg(feature = "clients")]
 pub mod kubernetes;
-pub mod listen;
 pub mod metrics;
 #[cfg(feature = "clients")]
 pub mod node_conditions;

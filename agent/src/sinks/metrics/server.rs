@@ -1,5 +1,5 @@
 //! The `/metrics` HTTP endpoint (hyper, HTTP/1.1), bounded like every local server
-//! ([`crate::sinks::listen`]): at most
+//! ([`crate::host::listen`]): at most
 //! [`MAX_CONNECTIONS`] at once (further clients wait in the listen backlog), each must send
 //! its request headers within [`HEADER_TIMEOUT`] and is closed after [`CONNECTION_TIMEOUT`],
 //! so idle or slow clients on a non-loopback address cannot pile up memory or descriptors.
@@ -16,8 +16,8 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
+use crate::host::listen::Limits;
 use crate::shutdown::Shutdown;
-use crate::sinks::listen::Limits;
 
 /// Connections served at once; more wait in the listen backlog until one ends.
 pub const MAX_CONNECTIONS: usize = 16;
@@ -59,9 +59,9 @@ async fn accept_loop(listener: TcpListener, registry: Arc<Registry>, shutdown: S
     let limits = Limits {
         clients: MAX_CONNECTIONS,
         lifetime: CONNECTION_TIMEOUT,
-        when_full: crate::sinks::listen::WhenFull::Wait,
+        when_full: crate::host::listen::WhenFull::Wait,
     };
-    crate::sinks::listen::serve(listener, limits, "metrics", shutdown, move |stream| {
+    crate::host::listen::serve(listener, limits, "metrics", shutdown, move |stream| {
         let registry = Arc::clone(&registry);
         async move {
             let service = hyper::service::service_fn(move |req| {

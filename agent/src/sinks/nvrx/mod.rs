@@ -12,9 +12,9 @@ use std::time::SystemTime;
 
 use tokio::sync::{mpsc, watch};
 
+use crate::host::listen::{Directory, Limits, Listener};
 use crate::model::{HealthSnapshot, Observation, Severity, SinkStatus, SourceState};
 use crate::shutdown::Shutdown;
-use crate::sinks::listen::{Directory, Limits, Listener};
 
 mod authority;
 
@@ -34,7 +34,7 @@ const SINK: &str = "nvrx-health";
 const LIMITS: Limits = Limits {
     clients: 16,
     lifetime: std::time::Duration::from_secs(30),
-    when_full: crate::sinks::listen::WhenFull::Wait,
+    when_full: crate::host::listen::WhenFull::Wait,
 };
 
 /// What the endpoint needs.
@@ -145,7 +145,7 @@ pub async fn run(
         gid(group, std::path::Path::new("/etc/group"))
             .ok_or_else(|| format!("no group {group:?} in /etc/group"))
             .and_then(|gid| {
-                crate::sinks::listen::grant_group(&settings.socket, gid)
+                crate::host::listen::grant_group(&settings.socket, gid)
                     .map_err(|e| format!("cannot give group {group:?} access: {e}"))
             })
     });
@@ -165,7 +165,7 @@ pub async fn run(
     // Each client connection goes through the :authority shim to the server's end of a
     // socket pair; a client holds three descriptors, so the cap bounds them.
     let (connections, incoming) = mpsc::channel::<std::io::Result<tokio::net::UnixStream>>(8);
-    tokio::spawn(crate::sinks::listen::serve(
+    tokio::spawn(crate::host::listen::serve(
         listener,
         LIMITS,
         "nvrx",

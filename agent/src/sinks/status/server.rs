@@ -9,9 +9,9 @@ use tokio::sync::watch;
 
 use super::{Request, Response};
 use crate::core::CoreHandle;
+use crate::host::listen::{Limits, Listener};
 use crate::model::{HealthSnapshot, KmsgCounters};
 use crate::shutdown::Shutdown;
-use crate::sinks::listen::{Limits, Listener};
 
 /// Where `status` learns which pod holds each GPU (the pod-resources lookup); `None`: off.
 #[cfg(feature = "clients")]
@@ -45,7 +45,7 @@ async fn with_holders(_holders: &Holders, snapshot: HealthSnapshot) -> HealthSna
 const LIMITS: Limits = Limits {
     clients: 32,
     lifetime: Duration::from_secs(2),
-    when_full: crate::sinks::listen::WhenFull::TurnAway,
+    when_full: crate::host::listen::WhenFull::TurnAway,
 };
 /// Longest request line accepted.
 const MAX_REQUEST: u64 = 4096;
@@ -60,7 +60,7 @@ pub async fn serve(
     shutdown: Shutdown,
 ) {
     let (listener, _remove) = listener.into_parts();
-    crate::sinks::listen::serve(listener, LIMITS, "status", shutdown, move |stream| {
+    crate::host::listen::serve(listener, LIMITS, "status", shutdown, move |stream| {
         answer(
             stream,
             snapshots.clone(),
