@@ -223,7 +223,6 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
         let settings = checkpoint::Settings {
             selection: HostFacts::checkpoint_selection(&config),
             triggers: c.triggers.clone(),
-            lead: HostFacts::leads(&config),
             state_file: config.state_dir.join("checkpoint.json"),
             #[cfg(feature = "clients")]
             kubernetes: kubernetes.clone(),

@@ -314,12 +314,21 @@ pub struct HealthSnapshot {
     /// and when the lookup is turned off.
     #[serde(default)]
     pub holders: Option<super::HolderView>,
+    /// How long before its deadline each kind of notice is acted on (`[checkpoint.lead]`),
+    /// as the core applies it; in-process only (not in `status` JSON).
+    #[serde(skip)]
+    pub leads: std::collections::BTreeMap<super::NoticeKind, std::time::Duration>,
     /// When the snapshot was taken.
     #[serde(with = "super::time")]
     pub updated_at: SystemTime,
 }
 
 impl HealthSnapshot {
+    /// The lead notices of `kind` are acted on with (zero where none is configured).
+    pub fn lead(&self, kind: super::NoticeKind) -> std::time::Duration {
+        self.leads.get(&kind).copied().unwrap_or_default()
+    }
+
     /// The UUID of the GPU `fault` is on, where NVML named it.
     pub fn gpu_uuid(&self, fault: &Fault) -> Option<&str> {
         let index = fault.gpu_index?;

@@ -182,6 +182,7 @@ impl HealthModel {
             conditions: self.conditions.clone(),
             fencing: self.fencing.clone(),
             holders: None,
+            leads: self.leads.iter().map(|(k, v)| (*k, *v)).collect(),
             updated_at: SystemTime::now(),
         }
     }

@@ -64,8 +64,6 @@ pub struct Settings {
     pub selection: Selection,
     /// Which notice kinds trigger a checkpoint.
     pub triggers: Vec<NoticeKind>,
-    /// How long before the deadline each kind is signalled.
-    pub lead: HashMap<NoticeKind, Duration>,
     /// `<state_dir>/checkpoint.json`.
     pub state_file: PathBuf,
     /// Where to post pod Events (and cordon); `None`: standalone.
@@ -150,7 +148,8 @@ pub async fn run(
             let seen = *first_seen
                 .entry(notice.id.clone())
                 .or_insert_with(Instant::now);
-            let configured = settings.lead.get(&notice.kind).copied().unwrap_or_default();
+            // The core owns the lead (`[checkpoint.lead]`); the snapshot carries it.
+            let configured = snapshot.lead(notice.kind);
             let act_at = notice.act_at(configured);
             if let Some(wait) = act_at
                 .and_then(|at| at.duration_since(now).ok())
