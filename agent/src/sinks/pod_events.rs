@@ -88,7 +88,7 @@ fn pod_event(
     );
     let body = pod.event(
         &name,
-        &super::kubernetes::PodEvent {
+        &super::kubernetes::EventText {
             reason: &fault.reason(),
             type_: "Warning",
             message: &message,

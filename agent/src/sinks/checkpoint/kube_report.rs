@@ -17,7 +17,7 @@ pub(super) fn pod_event(
     node: &str,
 ) -> serde_json::Value {
     let now = SystemTime::now();
-    let event = crate::sinks::kubernetes::PodEvent {
+    let event = crate::sinks::kubernetes::EventText {
         reason,
         type_,
         message,

@@ -3,6 +3,8 @@
 //! with errors that name the verb and resource.
 
 use std::future::Future;
+
+use super::events::EventText;
 use std::path::Path;
 use std::time::Duration;
 
@@ -376,23 +378,6 @@ pub struct NodePod {
     pub annotations: std::collections::BTreeMap<String, String>,
 }
 
-/// What an Event on a pod says.
-#[derive(Debug, Clone, Copy)]
-pub struct PodEvent<'a> {
-    /// `reason` (`CheckpointSignal`, `NvidiaXID79Error`, ...).
-    pub reason: &'a str,
-    /// `Warning` or `Normal`.
-    pub type_: &'a str,
-    /// The message.
-    pub message: &'a str,
-    /// How many times it happened.
-    pub count: u64,
-    /// First time.
-    pub first: std::time::SystemTime,
-    /// Latest time.
-    pub last: std::time::SystemTime,
-}
-
 impl NodePod {
     /// The name of the Event `key` identifies on this pod: deterministic, so a restarted
     /// agent finds its Event again.
@@ -405,21 +390,13 @@ impl NodePod {
     }
 
     /// The Event `name` on this pod, reported by gpu-agent on `node`.
-    pub fn event(&self, name: &str, event: &PodEvent<'_>, node: &str) -> serde_json::Value {
-        serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": { "name": name, "namespace": self.namespace },
-            "involvedObject": { "apiVersion": "v1", "kind": "Pod", "name": self.name, "namespace": self.namespace, "uid": self.uid },
-            "reason": event.reason,
-            "message": event.message,
-            "type": event.type_,
-            "count": event.count,
-            "firstTimestamp": crate::model::time::rfc3339(event.first),
-            "lastTimestamp": crate::model::time::rfc3339(event.last),
-            "source": { "component": "gpu-agent", "host": node },
-            "reportingComponent": "gpu-agent",
-            "reportingInstance": node,
-        })
+    pub fn event(&self, name: &str, event: &EventText<'_>, node: &str) -> serde_json::Value {
+        super::events::build(
+            name,
+            &self.namespace,
+            serde_json::json!({ "apiVersion": "v1", "kind": "Pod", "name": self.name, "namespace": self.namespace, "uid": self.uid }),
+            event,
+            node,
+        )
     }
 }

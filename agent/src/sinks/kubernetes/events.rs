@@ -60,6 +60,49 @@ pub fn fault_key(fault: &Fault) -> String {
     format!("{:?}|{:?}", fault.component, fault.code)
 }
 
+/// What an Event says.
+#[derive(Debug, Clone, Copy)]
+pub struct EventText<'a> {
+    /// `reason` (`CheckpointSignal`, `NvidiaXID79Error`, ...).
+    pub reason: &'a str,
+    /// `Warning` or `Normal`.
+    pub type_: &'a str,
+    /// The message.
+    pub message: &'a str,
+    /// How many times it happened.
+    pub count: u64,
+    /// First time.
+    pub first: std::time::SystemTime,
+    /// Latest time.
+    pub last: std::time::SystemTime,
+}
+
+/// The Event `name` in `namespace` about `involved` (an `involvedObject`), reported by
+/// gpu-agent on `node`: the one shape of every Event the agent writes.
+pub fn build(
+    name: &str,
+    namespace: &str,
+    involved: serde_json::Value,
+    event: &EventText<'_>,
+    node: &str,
+) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": { "name": name, "namespace": namespace },
+        "involvedObject": involved,
+        "reason": event.reason,
+        "message": event.message,
+        "type": event.type_,
+        "count": event.count,
+        "firstTimestamp": crate::model::time::rfc3339(event.first),
+        "lastTimestamp": crate::model::time::rfc3339(event.last),
+        "source": { "component": "gpu-agent", "host": node },
+        "reportingComponent": "gpu-agent",
+        "reportingInstance": node,
+    })
+}
+
 /// The merge patch that brings an existing Event up to `event`: its count, latest time and
 /// message.
 pub fn update_of(event: &serde_json::Value) -> serde_json::Value {

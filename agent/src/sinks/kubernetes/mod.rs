@@ -26,8 +26,9 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-pub use client::{ApiError, NodeApi, NodePod, PodEvent};
+pub use client::{ApiError, NodeApi, NodePod};
 pub use dra::DraApi;
+pub use events::EventText;
 
 use crate::model::{NodeName, Observation};
 

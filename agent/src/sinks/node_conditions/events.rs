@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use crate::model::{Fault, Severity};
-use crate::sinks::kubernetes::events::{event_name, EventWrite, UPDATE_EVERY};
+use crate::sinks::kubernetes::events::{event_name, EventText, EventWrite, UPDATE_EVERY};
 
 /// What was last sent for each fault's Event.
 #[derive(Debug, Default)]
@@ -37,22 +37,26 @@ impl Posted {
                 f.class.action,
                 f.detail
             );
+            let reason = f.reason();
             let full = || {
-                serde_json::json!({
-                        "apiVersion": "v1",
-                        "kind": "Event",
-                        "metadata": { "name": name, "namespace": "default" },
-                        "involvedObject": { "apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid },
-                        "reason": f.reason(),
-                        "message": message,
-                        "type": if matches!(f.class.severity, Severity::Fatal | Severity::Warning) { "Warning" } else { "Normal" },
-                        "count": f.count,
-                        "firstTimestamp": crate::model::time::rfc3339(f.first_seen),
-                        "lastTimestamp": last,
-                        "source": { "component": "gpu-agent", "host": node },
-                        "reportingComponent": "gpu-agent",
-                        "reportingInstance": node,
-                })
+                crate::sinks::kubernetes::events::build(
+                    &name,
+                    "default",
+                    serde_json::json!({ "apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid }),
+                    &EventText {
+                        reason: &reason,
+                        type_: if matches!(f.class.severity, Severity::Fatal | Severity::Warning) {
+                            "Warning"
+                        } else {
+                            "Normal"
+                        },
+                        message: &message,
+                        count: f.count,
+                        first: f.first_seen,
+                        last: f.last_seen,
+                    },
+                    node,
+                )
             };
             match self.sent.get(&name) {
                 None => out.push(EventWrite::Create {
