@@ -1,12 +1,13 @@
-//! The IMDS poller: the aws-config IMDS client, one poll of the three notice paths, and the
-//! source's task.
+//! The IMDS poller: one poll of the three notice paths (on the light IMDSv2 session,
+//! [`super::session`]), the source's task, and the aws-config IMDS client the Capacity Block
+//! source's credentials and region use.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use aws_config::imds::client::error::ImdsError;
 use tokio::sync::mpsc;
 
+use super::session::Session;
 use super::{ec2, notices};
 use crate::model::{Notice, Observation, SourceKind, SourceState};
 use crate::shutdown::Shutdown;
@@ -44,7 +45,8 @@ pub fn http_client() -> aws_sdk_ec2::config::SharedHttpClient {
         .clone()
 }
 
-/// Build the IMDS client: short timeouts (a poll must not pile up), two attempts.
+/// Build the SDK's IMDS client (the Capacity Block source's credentials and region): short
+/// timeouts, two attempts.
 pub fn client(endpoint: Option<&str>) -> Result<aws_config::imds::Client, String> {
     let mut builder = aws_config::imds::Client::builder()
         .configure(
@@ -67,20 +69,6 @@ pub fn client(endpoint: Option<&str>) -> Result<aws_config::imds::Client, String
 pub struct PathError {
     /// What failed, naming the path.
     pub reason: String,
-    /// IMDS answered 401: the session token was invalidated (a new client fetches a new one).
-    pub unauthorized: bool,
-}
-
-/// GET a metadata path; `Ok(None)` for 404 (no notice).
-async fn get(client: &aws_config::imds::Client, path: &str) -> Result<Option<String>, PathError> {
-    match client.get(format!("/latest/meta-data/{path}")).await {
-        Ok(body) => Ok(Some(body.as_ref().to_string())),
-        Err(ImdsError::ErrorResponse(e)) if e.response().status().as_u16() == 404 => Ok(None),
-        Err(e) => Err(PathError {
-            unauthorized: matches!(&e, ImdsError::ErrorResponse(r) if r.response().status().as_u16() == 401),
-            reason: format!("GET {path}: {e}"),
-        }),
-    }
 }
 
 /// The notice paths, polled and parsed each on its own: a malformed rebalance or
@@ -94,7 +82,7 @@ pub const PATHS: [&str; 3] = [
 /// One poll of the paths in `due`: for each of [`PATHS`], its current notices, why it could
 /// not be read, or `None` when it was not due.
 pub async fn poll(
-    client: &aws_config::imds::Client,
+    session: &mut Session,
     due: [bool; 3],
 ) -> [Option<Result<Vec<Notice>, PathError>>; 3] {
     let parsed = |path: &str, body: Option<String>| -> Result<Vec<Notice>, PathError> {
@@ -108,15 +96,16 @@ pub async fn poll(
         };
         result.map_err(|e| PathError {
             reason: format!("{path}: {e}"),
-            unauthorized: false,
         })
     };
     let mut out = [None, None, None];
     for ((slot, path), due) in out.iter_mut().zip(PATHS).zip(due) {
         if due {
-            *slot = Some(match get(client, path).await {
+            *slot = Some(match session.get(path).await {
                 Ok(body) => parsed(path, body),
-                Err(e) => Err(e),
+                Err(e) => Err(PathError {
+                    reason: e.to_string(),
+                }),
             });
         }
     }
@@ -149,10 +138,10 @@ pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown
             }
         }
     }
-    let mut client = match client(settings.endpoint.as_deref()) {
-        Ok(c) => c,
-        Err(reason) => {
-            let _ = tx.send(state(SourceState::Failed(reason))).await;
+    let mut session = match Session::new(explicit.as_deref()) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = tx.send(state(SourceState::Failed(e.to_string()))).await;
             return;
         }
     };
@@ -189,8 +178,7 @@ pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown
                 *next = now + *interval;
             }
         }
-        let mut reauth = false;
-        for (i, result) in poll(&client, due).await.into_iter().enumerate() {
+        for (i, result) in poll(&mut session, due).await.into_iter().enumerate() {
             match result {
                 None => {}
                 Some(Ok(notices)) => {
@@ -198,21 +186,11 @@ pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown
                     path_errors[i] = None;
                 }
                 Some(Err(e)) => {
-                    reauth |= e.unauthorized;
                     path_errors[i] = Some(e.reason);
                 }
             }
         }
         let errors: Vec<String> = path_errors.iter().flatten().cloned().collect();
-        if reauth {
-            // aws-config's client keeps its cached session token until the token's TTL runs
-            // out, even when IMDS answers 401 (the token was invalidated early): a fresh
-            // client fetches a new token on the next poll. Only then: a token PUT per poll
-            // would be wasted on every other failure.
-            if let Ok(fresh) = self::client(settings.endpoint.as_deref()) {
-                client = fresh;
-            }
-        }
         let notices: Vec<Notice> = known.iter().flatten().cloned().collect();
         if last.as_ref() != Some(&notices) {
             last = Some(notices.clone());
