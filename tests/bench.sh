@@ -4,8 +4,8 @@
 #   sudo tests/bench.sh [all|size|footprint|latency|flood|throughput]   (default: all)
 #
 # Knobs: FOOTPRINT_SECS (600), FOOTPRINT_RUNS (1), FOOTPRINT_PAGE_OUT_AFTER (the config's
-# page_out_after, 1m; the idle window starts after the page-out), FLOOD_RATE (100000),
-# FLOOD_SECS (60). Run `cargo bench -p gpu-agent --no-default-features` only after the
+# page_out_after; default 0s, never: the idle window opens 70 s after start), PRESSURE_RUNS
+# (20), FLOOD_RATE (100000), FLOOD_SECS (60). Run `cargo bench -p gpu-agent --no-default-features` only after the
 # footprint: cargo puts that build's binary (no network clients) at target/release/gpu-agent.
 # The flood overwrites the shared kernel log and the latency runs inject into it: run this
 # alone, not beside the test suite.
@@ -43,6 +43,8 @@ case "$what" in all | footprint)
 case "$what" in all | latency)
   echo "== kernel-log line to Kubernetes API request"
   bench gpu-agent-e2e condition_latency
+  echo "== the first fault under page-cache pressure, with and without the start-up hand-back"
+  bench gpu-agent-e2e pressure_latency
   echo "== notice to checkpoint signal"
   BENCH_IDLE_SECS=${BENCH_IDLE_SECS:-30} bench gpu-agent-e2e notice_latency
   echo "== kernel-log line to status, parse throughput, idle"

@@ -28,20 +28,7 @@ fn main() {
         inject(&format!(
             "NVRM: Xid (PCI:{bdf}): 79, pid=1, name=bench, GPU has fallen off the bus."
         ));
-        let arrived = loop {
-            let found = api.requests()[seen_before..]
-                .iter()
-                .find(|r| r.body.contains(&bdf))
-                .map(|r| r.at);
-            if let Some(at) = found {
-                break at;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "no request for {bdf}"
-            );
-            std::thread::sleep(Duration::from_micros(200));
-        };
+        let arrived = api.wait_for_request_naming(seen_before, &bdf);
         samples.push(arrived.duration_since(started));
         std::thread::sleep(Duration::from_millis(150));
     }

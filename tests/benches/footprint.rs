@@ -10,9 +10,9 @@
 //! only), `kmsg+imds` (and IMDS polled every second), `kmsg+imds+kube` (and the Kubernetes
 //! sink), `...+efa` (the EFA devices), or `all` (default). Besides RSS and CPU it prints where the resident memory is, from
 //! `/proc/PID/smaps`: the binary's own pages, shared libraries, heap and other anonymous
-//! memory, stacks. The idle window starts after the daemon has handed start-up's pages back
-//! to the kernel (`page_out_after`, a minute; `FOOTPRINT_PAGE_OUT_AFTER` overrides it, "0s"
-//! for never).
+//! memory, stacks, and `smaps_rollup`'s RSS, PSS and anonymous memory. The idle window opens
+//! 70 s after start; with `FOOTPRINT_PAGE_OUT_AFTER` (e.g. "1m") the daemon hands start-up's
+//! pages back to the kernel first (off by default, as in the daemon).
 //!
 //! `sudo tests/bench.sh footprint`, or
 //! `sudo GPU_AGENT_BIN=target/release/gpu-agent FOOTPRINT_SECS=600 \
@@ -61,10 +61,11 @@ fn main() {
         }
     }
     let off = |section: &str| format!("[{section}]\nenabled = false\n");
-    // FOOTPRINT_PAGE_OUT_AFTER overrides `page_out_after` ("0s": never, to compare).
-    let page_out = std::env::var("FOOTPRINT_PAGE_OUT_AFTER")
-        .map(|v| format!("page_out_after = {v:?}\n"))
-        .unwrap_or_default();
+    // FOOTPRINT_PAGE_OUT_AFTER sets `page_out_after` (default "0s": never, as the daemon's
+    // default; "1m" to measure with the start-up hand-back).
+    let page_out_value = std::env::var("FOOTPRINT_PAGE_OUT_AFTER").unwrap_or_else(|_| "0s".into());
+    let hand_back = page_out_value != "0s";
+    let page_out = format!("page_out_after = {page_out_value:?}\n");
     let config = host.config(&format!(
         "node_name = \"bench-node\"\n{page_out}{}{}{}{}{}{}",
         if on("nvml") {
@@ -157,19 +158,29 @@ fn main() {
         "after start-up (5 s after READY): RSS {} KiB",
         status_kib(pid, "VmRSS:")
     );
-    let handed_back = Instant::now() + Duration::from_secs(90);
-    let line = loop {
-        let log = agent.log();
-        if let Some(l) = log.lines().find(|l| l.contains("Start-up pages")) {
-            break l.to_string();
+    let line = if hand_back {
+        let handed_back = Instant::now() + Duration::from_secs(90);
+        loop {
+            let log = agent.log();
+            if let Some(l) = log.lines().find(|l| l.contains("Start-up pages")) {
+                break l.to_string();
+            }
+            if Instant::now() > handed_back {
+                break "no page-out within 90 s".to_string();
+            }
+            std::thread::sleep(Duration::from_millis(500));
         }
-        if Instant::now() > handed_back {
-            break "no page-out within 90 s".to_string();
-        }
-        std::thread::sleep(Duration::from_millis(500));
+    } else {
+        "none (page_out_after = 0s, the default)".to_string()
     };
     println!("page-out: {}", line.trim());
-    std::thread::sleep(Duration::from_secs(5));
+    // The window opens 70 s after start (after a hand-back at a minute, when there is one).
+    let opens = started + Duration::from_secs(70);
+    std::thread::sleep(
+        opens
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_secs(5)),
+    );
     let lists0 = kubelet.list_calls();
     let (ticks0, ns0, t0) = (cpu_ticks(pid), cpu_ns_live_threads(pid), Instant::now());
     let mut rss_max = 0;
@@ -189,6 +200,10 @@ fn main() {
         kubelet.list_calls() - lists0
     );
     println!("resident memory by mapping (KiB): {}", breakdown(pid));
+    println!(
+        "smaps_rollup at the end of the window (KiB): {}",
+        rollup(pid)
+    );
 
     // The first fault after the idle window: its code was handed back with start-up's and
     // is read back from the page cache or the disk on the way.
@@ -232,6 +247,23 @@ fn main() {
         status_kib(pid, "VmRSS:")
     );
     drop(agent);
+}
+
+/// `Rss`, `Pss` and `Anonymous` from `/proc/PID/smaps_rollup` (KiB).
+fn rollup(pid: u32) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    ["Rss:", "Pss:", "Anonymous:"]
+        .iter()
+        .map(|key| {
+            let kib = text
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.split_whitespace().next())
+                .unwrap_or("?");
+            format!("{} {kib}", key.trim_end_matches(':'))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Resident KiB per kind of mapping in `/proc/PID/smaps`: the binary's own pages, shared

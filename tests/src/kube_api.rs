@@ -312,6 +312,26 @@ impl KubeApi {
             .collect()
     }
 
+    /// When the first request after the first `from` whose body names `text` arrived;
+    /// panics after 10 s without one.
+    pub fn wait_for_request_naming(&self, from: usize, text: &str) -> std::time::Instant {
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(at) = self.requests()[from..]
+                .iter()
+                .find(|r| r.body.contains(text))
+                .map(|r| r.at)
+            {
+                return at;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "no request naming {text}"
+            );
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
     /// Requests received so far.
     pub fn requests(&self) -> Vec<Recorded> {
         self.state.lock().expect("state").requests.clone()

@@ -245,22 +245,28 @@ mod tests {
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let puts = Arc::clone(&puts);
-                let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let puts = Arc::clone(&puts);
-                    async move {
-                        let (status, body) = if req.method() == Method::PUT {
-                            let n = puts.fetch_add(1, Ordering::SeqCst);
-                            (StatusCode::OK, format!("token-{n}"))
-                        } else if req.headers().get("x-aws-ec2-metadata-token").is_some_and(|t| t == "stale") {
-                            (StatusCode::UNAUTHORIZED, String::new())
-                        } else {
-                            (StatusCode::OK, "{}".to_string())
-                        };
-                        let mut response = hyper::Response::new(http_body_util::Full::new(Bytes::from(body)));
-                        *response.status_mut() = status;
-                        Ok::<_, std::convert::Infallible>(response)
-                    }
-                });
+                let service =
+                    hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                        let puts = Arc::clone(&puts);
+                        async move {
+                            let (status, body) = if req.method() == Method::PUT {
+                                let n = puts.fetch_add(1, Ordering::SeqCst);
+                                (StatusCode::OK, format!("token-{n}"))
+                            } else if req
+                                .headers()
+                                .get("x-aws-ec2-metadata-token")
+                                .is_some_and(|t| t == "stale")
+                            {
+                                (StatusCode::UNAUTHORIZED, String::new())
+                            } else {
+                                (StatusCode::OK, "{}".to_string())
+                            };
+                            let mut response =
+                                hyper::Response::new(http_body_util::Full::new(Bytes::from(body)));
+                            *response.status_mut() = status;
+                            Ok::<_, std::convert::Infallible>(response)
+                        }
+                    });
                 tokio::spawn(
                     hyper::server::conn::http1::Builder::new()
                         .serve_connection(hyper_util::rt::TokioIo::new(stream), service),
@@ -275,7 +281,10 @@ mod tests {
         let puts = Arc::new(AtomicUsize::new(0));
         let mut session = Session::new(Some(&serve(Arc::clone(&puts)).await)).expect("session");
         for _ in 0..3 {
-            assert_eq!(session.get("spot/instance-action").await, Ok(Some("{}".into())));
+            assert_eq!(
+                session.get("spot/instance-action").await,
+                Ok(Some("{}".into()))
+            );
         }
         assert_eq!(puts.load(Ordering::SeqCst), 1, "one token for many GETs");
         // About to expire: replaced before the GET.
@@ -284,7 +293,10 @@ mod tests {
         assert_eq!(puts.load(Ordering::SeqCst), 2);
         // Forgotten by the service (401): a fresh token, and the GET again.
         session.token = Some(("stale".into(), Instant::now() + TOKEN_TTL));
-        assert_eq!(session.get("spot/instance-action").await, Ok(Some("{}".into())));
+        assert_eq!(
+            session.get("spot/instance-action").await,
+            Ok(Some("{}".into()))
+        );
         assert_eq!(puts.load(Ordering::SeqCst), 3);
     }
 
