@@ -361,3 +361,54 @@ fn v1beta2_a_refused_rule_falls_back_to_the_condition_and_a_stored_rule_is_never
     wait(Duration::from_secs(5), "lifted", || api.rules().is_empty());
     assert!(agent.stop().success());
 }
+
+/// A restarted agent with a fenced GPU (the fault persisted) never writes the node's
+/// condition False for it: the first write waits for the fencing report.
+#[test]
+fn a_restart_with_a_fenced_gpu_keeps_the_node_condition_true() {
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    api.serve_taint_rules(&["v1"]);
+    publish(&api, &host);
+    let scenario = xids(&[(3, 48)]).gpu(3, "recovery_action = 1");
+    let agent = host.start_with_nvml(&scenario, &config(&api, &host, ""));
+    wait(Duration::from_secs(5), "GPU 3 fenced, node True", || {
+        fences(&api) == gpu3("NoSchedule") && hw(&api).0 == "True"
+    });
+    assert!(agent.stop().success());
+    let before = api.requests().len();
+    // The same faults, restored from the state file (the NVML events are not sent again).
+    let agent = host.start_with_nvml(
+        &NvmlScenario::healthy().gpu(3, "recovery_action = 1"),
+        &config(&api, &host, ""),
+    );
+    wait(Duration::from_secs(5), "fencing reported again", || {
+        agent
+            .snapshot()
+            .is_some_and(|s| s["gpus"][3]["fence"]["effect"] == "NoSchedule")
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let written: Vec<String> = api.requests()[before..]
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path.ends_with("/status"))
+        .filter_map(|r| serde_json::from_str::<Value>(&r.body).ok())
+        .flat_map(|b| {
+            b["status"]["conditions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter(|c| c["type"] == HW)
+        .map(|c| c["status"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert!(
+        !written.is_empty(),
+        "the condition was written after the restart"
+    );
+    assert!(
+        written.iter().all(|s| s == "True"),
+        "never False for a fenced GPU: {written:?}"
+    );
+    assert_eq!(fences(&api), gpu3("NoSchedule"));
+    assert!(agent.stop().success());
+}

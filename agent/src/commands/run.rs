@@ -358,6 +358,7 @@ fn spawn_node_conditions(
             debounce: k.debounce.0,
             heartbeat: k.heartbeat_interval.0,
             events: k.events,
+            await_fencing: k.device_taints,
         };
         let metrics = node_conditions::SinkMetrics::register(registry);
         tokio::spawn(node_conditions::run(

@@ -45,7 +45,14 @@ pub struct Settings {
     pub heartbeat: Duration,
     /// Post Node Events.
     pub events: bool,
+    /// The device-taints sink runs: the first write waits (at most [`FENCING_WAIT`]) for its
+    /// first report, so a GPU it fences is never first written as the node's fault (a
+    /// restarted agent with a fenced GPU would flap `AcceleratedHardwareReady`).
+    pub await_fencing: bool,
 }
+
+/// The longest the first write waits for the device-taints sink's first report.
+pub const FENCING_WAIT: Duration = Duration::from_secs(2);
 
 /// What the server is known to hold for one owned condition.
 #[derive(Debug, Clone, PartialEq)]
@@ -266,6 +273,21 @@ pub async fn run(
         annotated: None,
         annotate_failing: false,
     };
+    if settings.await_fencing {
+        let until = Instant::now() + FENCING_WAIT;
+        let reported = |s: &HealthSnapshot| {
+            s.sinks
+                .iter()
+                .any(|x| x.sink == crate::sinks::device_taints::SINK)
+        };
+        while !reported(&snapshots.borrow()) && Instant::now() < until {
+            tokio::select! {
+                changed = snapshots.changed() => if changed.is_err() { return },
+                () = tokio::time::sleep_until(until.into()) => {}
+                () = shutdown.wait() => return,
+            }
+        }
+    }
     let mut due: Option<Instant> = Some(Instant::now());
     let mut next_heartbeat = Instant::now() + settings.heartbeat;
     let mut backoff = MIN_BACKOFF;
