@@ -32,13 +32,9 @@ fn main() {
         samples.push(arrived.duration_since(started));
         std::thread::sleep(Duration::from_millis(150));
     }
-    samples.sort();
-    let pct = |p: usize| samples[(samples.len() * p / 100).min(samples.len() - 1)];
     println!(
-        "kernel-log line -> API server request: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} samples, debounce 100 ms)",
-        pct(50).as_secs_f64() * 1e3,
-        pct(99).as_secs_f64() * 1e3,
-        samples[samples.len() - 1].as_secs_f64() * 1e3,
+        "kernel-log line -> API server request: {} ({} samples, debounce 100 ms)",
+        gpu_agent_e2e::percentiles(&mut samples),
         samples.len()
     );
     drop(agent);

@@ -91,13 +91,9 @@ fn run(page_out_after: &str, pressure: bool, n: u32) -> Duration {
 }
 
 fn report(what: &str, mut samples: Vec<Duration>) {
-    samples.sort();
-    let pct = |p: usize| samples[(samples.len() * p / 100).min(samples.len() - 1)];
     println!(
-        "{what}: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} runs)",
-        pct(50).as_secs_f64() * 1e3,
-        pct(99).as_secs_f64() * 1e3,
-        samples[samples.len() - 1].as_secs_f64() * 1e3,
+        "{what}: {} ({} runs)",
+        gpu_agent_e2e::percentiles(&mut samples),
         samples.len()
     );
 }

@@ -353,6 +353,16 @@ fn status(
     )
 }
 
+/// 409 AlreadyExists for `resource` `name`, as the real server answers a create.
+fn already_exists(resource: &str, name: &str, details: Value) -> Response<Full<Bytes>> {
+    status(
+        StatusCode::CONFLICT,
+        "AlreadyExists",
+        format!("{resource} \"{name}\" already exists"),
+        details,
+    )
+}
+
 fn respond(code: StatusCode, body: Value) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
     *response.status_mut() = code;
@@ -588,12 +598,7 @@ async fn handle(req: Request<Incoming>, state: Arc<Mutex<State>>) -> Response<Fu
                 .unwrap_or_default()
                 .to_string();
             if s.events.contains_key(&name) {
-                return status(
-                    StatusCode::CONFLICT,
-                    "AlreadyExists",
-                    format!("events \"{name}\" already exists"),
-                    json!({ "name": name, "kind": "events" }),
-                );
+                return already_exists("events", &name, json!({ "name": name, "kind": "events" }));
             }
             let mut stored = event.clone();
             stored["metadata"]["namespace"] = json!(ns);
@@ -785,10 +790,9 @@ fn dra(
                         .unwrap_or_default()
                         .to_string();
                     if s.rules.contains_key(&name) {
-                        return status(
-                            StatusCode::CONFLICT,
-                            "AlreadyExists",
-                            format!("devicetaintrules.resource.k8s.io \"{name}\" already exists"),
+                        return already_exists(
+                            "devicetaintrules.resource.k8s.io",
+                            &name,
                             json!({ "name": name, "group": "resource.k8s.io", "kind": "devicetaintrules" }),
                         );
                     }

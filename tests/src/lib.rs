@@ -170,6 +170,19 @@ pub fn inject(line: &str) {
         .expect("write /dev/kmsg");
 }
 
+/// `p50 X ms, p99 Y ms, max Z ms` of latency samples (sorted here), to a tenth of a ms.
+pub fn percentiles(samples: &mut [Duration]) -> String {
+    samples.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let pct = |p: usize| samples[(samples.len() * p / 100).min(samples.len() - 1)];
+    format!(
+        "p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        ms(pct(50)),
+        ms(pct(99)),
+        ms(samples[samples.len() - 1])
+    )
+}
+
 /// Sink `name`'s entry (`state`, `reason`) in `snapshot`; `Null` if none.
 pub fn sink_of(snapshot: &Value, name: &str) -> Value {
     snapshot["sinks"]

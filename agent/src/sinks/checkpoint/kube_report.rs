@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use super::Candidate;
 use crate::model::{CheckpointReport, Notice};
+use crate::sinks::kubernetes::events::EventWrite;
 
 /// A one-off Event on `pod` (count 1, now), named from `key`.
 #[cfg(feature = "clients")]
@@ -101,7 +102,12 @@ pub(super) async fn confirmation_events(
             &message,
             &node,
         );
-        if let Err(e) = write_once(&api, &pod.namespace, event).await {
+        // A one-off Event (count 1); one already there (a restarted agent acting again) is
+        // updated.
+        if let Err(e) = api
+            .write_event(&pod.namespace, &EventWrite::create(event, 1))
+            .await
+        {
             tracing::warn!(error = %e, pod = %pod.name, "Cannot post the checkpoint confirmation Event.");
         }
     }
@@ -195,27 +201,13 @@ pub(super) async fn tell_kubernetes(
             ),
             node,
         );
-        if let Err(e) = write_once(&api, &pod.namespace, event).await {
+        // A one-off Event (count 1); one already there (a restarted agent acting again) is
+        // updated.
+        if let Err(e) = api
+            .write_event(&pod.namespace, &EventWrite::create(event, 1))
+            .await
+        {
             tracing::warn!(error = %e, pod = %pod.name, "Cannot post the checkpoint Event on the pod.");
         }
     }
-}
-
-/// Post a one-off Event (count 1); one already there (a restarted agent acting again) is
-/// updated.
-async fn write_once(
-    api: &crate::sinks::kubernetes::NodeApi,
-    namespace: &str,
-    body: serde_json::Value,
-) -> Result<(), crate::sinks::kubernetes::ApiError> {
-    let name = body["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let write = crate::sinks::kubernetes::events::EventWrite::Create {
-        name,
-        body,
-        count: 1,
-    };
-    api.write_event(namespace, &write).await
 }

@@ -71,11 +71,6 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    /// Is it signalled?
-    pub fn is_target(&self) -> bool {
-        matches!(self, Self::Target { .. })
-    }
-
     /// The metric label of a process not signalled (`gpu_agent_checkpoint_targets_skipped`).
     pub fn label(&self) -> &'static str {
         match self {
@@ -176,7 +171,6 @@ mod tests {
             serde_json::to_value(&v).expect("json"),
             serde_json::json!(v.to_string())
         );
-        assert!(!v.is_target());
         assert_eq!(Verdict::Excluded("dcgm".into()).label(), "excluded");
     }
 }

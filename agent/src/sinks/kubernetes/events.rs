@@ -40,6 +40,15 @@ pub enum EventWrite {
 }
 
 impl EventWrite {
+    /// Create `body` (its name from its metadata), with the count it carries.
+    pub fn create(body: serde_json::Value, count: u64) -> Self {
+        let name = body["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        Self::Create { name, body, count }
+    }
+
     /// The Event's name.
     pub fn name(&self) -> &str {
         match self {

@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use crate::model::{Fault, Severity};
-use crate::sinks::kubernetes::events::{event_name, EventText, EventWrite, UPDATE_EVERY};
+use crate::sinks::kubernetes::events::{
+    event_name, update_of, EventText, EventWrite, UPDATE_EVERY,
+};
 
 /// What was last sent for each fault's Event.
 #[derive(Debug, Default)]
@@ -28,7 +30,6 @@ impl Posted {
             .filter(|f| f.class.severity >= Severity::Warning)
         {
             let name = event_name(node, f);
-            let last = crate::model::time::rfc3339(f.last_seen);
             let message = format!(
                 "{}: {} ({}), action {}: {}",
                 f.label(),
@@ -67,9 +68,10 @@ impl Posted {
                 Some((count, at))
                     if f.count > *count && now.duration_since(*at) >= UPDATE_EVERY =>
                 {
+                    let full = full();
                     out.push(EventWrite::Update {
-                        body: serde_json::json!({ "count": f.count, "lastTimestamp": last, "message": message }),
-                        full: full(),
+                        body: update_of(&full),
+                        full,
                         name,
                         count: f.count,
                     });
