@@ -11,8 +11,10 @@
 //! sink), `...+efa` (the EFA devices), or `all` (default). Besides RSS and CPU it prints where the resident memory is, from
 //! `/proc/PID/smaps`: the binary's own pages, shared libraries, heap and other anonymous
 //! memory, stacks, and `smaps_rollup`'s RSS, PSS and anonymous memory. The idle window opens
-//! 70 s after start; with `FOOTPRINT_PAGE_OUT_AFTER` (e.g. "1m") the daemon hands start-up's
-//! pages back to the kernel first (off by default, as in the daemon).
+//! 70 s after start, after the daemon has handed start-up's pages back to the kernel (its
+//! default `page_out_after = "1m"`; `FOOTPRINT_PAGE_OUT_AFTER` sets it: "0s" measures what stays
+//! mapped without the hand-back). `FOOTPRINT_HOLD=SECS`: after the first Xid, inject one line of each other kind of Xid
+//! and wait that long before stopping the daemon (`scripts/hot-path-order.sh` profiles it).
 //!
 //! `sudo tests/bench.sh footprint`, or
 //! `sudo GPU_AGENT_BIN=target/release/gpu-agent FOOTPRINT_SECS=600 \
@@ -61,9 +63,9 @@ fn main() {
         }
     }
     let off = |section: &str| format!("[{section}]\nenabled = false\n");
-    // FOOTPRINT_PAGE_OUT_AFTER sets `page_out_after` (default "0s": never, as the daemon's
-    // default; "1m" to measure with the start-up hand-back).
-    let page_out_value = std::env::var("FOOTPRINT_PAGE_OUT_AFTER").unwrap_or_else(|_| "0s".into());
+    // FOOTPRINT_PAGE_OUT_AFTER sets `page_out_after` (default "1m", as the daemon's default;
+    // "0s" to measure without the start-up hand-back).
+    let page_out_value = std::env::var("FOOTPRINT_PAGE_OUT_AFTER").unwrap_or_else(|_| "1m".into());
     let hand_back = page_out_value != "0s";
     let page_out = format!("page_out_after = {page_out_value:?}\n");
     let config = host.config(&format!(
@@ -171,7 +173,7 @@ fn main() {
             std::thread::sleep(Duration::from_millis(500));
         }
     } else {
-        "none (page_out_after = 0s, the default)".to_string()
+        "none (page_out_after = 0s)".to_string()
     };
     println!("page-out: {}", line.trim());
     // The window opens 70 s after start (after a hand-back at a minute, when there is one).
@@ -246,8 +248,38 @@ fn main() {
         )),
         status_kib(pid, "VmRSS:")
     );
+    // For scripts/hot-path-order.sh, which profiles the daemon: the other kinds of fault a
+    // node sees, then a pause while the profile is taken.
+    if let Some(hold) = std::env::var("FOOTPRINT_HOLD")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        for (gpu, line) in FAULT_LINES.iter().enumerate() {
+            gpu_agent_e2e::inject(&format!(
+                "NVRM: Xid (PCI:{}): {line}",
+                host.gpu_bdf(gpu + 1)
+            ));
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        gpu_agent_e2e::inject(
+            "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Fatal, Link 44 LTSSM Fault Up",
+        );
+        println!("fault lines injected; holding {hold} s");
+        std::thread::sleep(Duration::from_secs(hold));
+    }
     drop(agent);
 }
+
+/// One line of each other kind of Xid a node sees (after `NVRM: Xid (PCI:...): `), for the
+/// profile `FOOTPRINT_HOLD` serves: application, memory, contained, row remap, NVLink, GSP.
+const FAULT_LINES: [&str; 6] = [
+    "13, pid=1234, name=python, Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address",
+    "48, pid=1234, name=python, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 0, subpartition 0.",
+    "94, pid=1234, name=python, Contained: SM (0x1). RST: No, D-RST: No",
+    "63, pid=1234, name=python, Row Remapper: New row (0x0000000000001234) Marked for Remapping, reset gpu to activate.",
+    "74, pid=1234, name=python, NVLink: fatal error detected on link 3(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)",
+    "119, pid=1234, name=python, Timeout after 6s of waiting for RPC response from GPU0 GSP!",
+];
 
 /// `Rss`, `Pss` and `Anonymous` from `/proc/PID/smaps_rollup` (KiB).
 fn rollup(pid: u32) -> String {

@@ -185,42 +185,25 @@ fn a_flood_of_identical_lines_is_one_fault_with_a_count_and_two_log_lines() {
     assert!(agent.stop().success());
 }
 
-/// Issue 21: start-up's pages are handed back to the kernel (`page_out_after`); the resident
-/// set shrinks, and the code the daemon needs next comes back on use: a fault is still
-/// found and shown.
+/// Issues 21 and 30: start-up's pages are handed back only where the fault path's code can
+/// stay locked. These tests run a debug build, which has no fault-path layout (only x86_64
+/// release builds do; `host::resident`'s unit tests lock and hand back for real, and
+/// BENCHMARKS.md measures the release build): it keeps all its pages, says why, and finds
+/// faults as ever.
 #[test]
-fn after_start_up_pages_are_handed_back_faults_are_still_found() {
+fn a_build_without_the_fault_path_layout_keeps_its_pages() {
     let host = Host::new();
     let agent = Agent::start(&host.config("page_out_after = \"200ms\"\n"), &host.socket());
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     let line = loop {
-        if let Some(l) = agent
-            .log()
-            .lines()
-            .find(|l| l.contains("Start-up pages handed back"))
-        {
-            // Without the terminal colours the log may carry: `\x1b[...m`.
-            let mut parts = l.split('\x1b');
-            let first = parts.next().unwrap_or_default().to_string();
-            let plain: String = parts
-                .map(|part| part.split_once('m').map_or(part, |(_, rest)| rest))
-                .fold(first, |acc, part| acc + part);
-            break plain;
+        if let Some(l) = agent.log().lines().find(|l| l.contains("Start-up pages")) {
+            break l.to_string();
         }
         assert!(std::time::Instant::now() < deadline, "{}", agent.log());
         std::thread::sleep(Duration::from_millis(50));
     };
-    let kib = |field: &str| -> u64 {
-        line.split(&format!("{field}="))
-            .nth(1)
-            .and_then(|v| v.split(|c: char| !c.is_ascii_digit()).next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {field} in {line}"))
-    };
-    assert!(
-        kib("rss_after_kib") < kib("rss_before_kib"),
-        "nothing handed back: {line}"
-    );
+    assert!(line.contains("Start-up pages stay resident"), "{line}");
+    assert!(line.contains("does not lay out its fault path"), "{line}");
     inject(&format!(
         "NVRM: Xid (PCI:{}): 79, pid=1234, name=python3, GPU has fallen off the bus.",
         host.gpu_bdf(1)

@@ -311,11 +311,21 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
 /// Hand the program's resident pages back to the kernel (see [`crate::host::resident`]).
 async fn page_out_program() {
     match tokio::task::spawn_blocking(crate::host::resident::page_out_program).await {
-        Ok(Ok(out)) => tracing::info!(
-            rss_before_kib = out.rss_before_kib,
-            rss_after_kib = out.rss_after_kib,
-            "Start-up pages handed back (unmapped; kept in the page cache)."
-        ),
+        Ok(Ok(out)) => match out.lock_failed {
+            None => tracing::info!(
+                rss_before_kib = out.rss_before_kib,
+                rss_after_kib = out.rss_after_kib,
+                fault_path_locked_kib = out.kept_kib,
+                "Start-up pages handed back (unmapped; kept in the page cache); the fault path's code and read-only data stay locked in memory."
+            ),
+            Some(errno) => tracing::warn!(
+                rss_before_kib = out.rss_before_kib,
+                rss_after_kib = out.rss_after_kib,
+                fault_path_mapped_kib = out.kept_kib,
+                error = %errno,
+                "Start-up pages handed back; the fault path's code and read-only data could not be locked (LimitMEMLOCK?) and stay mapped only."
+            ),
+        },
         Ok(Err(e)) => tracing::info!(error = %e, "Start-up pages stay resident."),
         Err(e) => tracing::warn!(error = %e, "Page-out task failed."),
     }

@@ -100,11 +100,11 @@ pub struct Config {
     /// The window of `escalate_after_boots` and `escalate_after_repeats`.
     pub escalate_window: HumanDuration<MINUTE, { 30 * DAY }>,
     /// After the daemon has run this long, the pages of its own program that start-up
-    /// touched are unmapped from it (`MADV_DONTNEED`; they stay in the page cache): code that
-    /// ran once does not stay resident; what the idle loop uses comes back on use. `0s`
-    /// (the default): never. Off by default since under page-cache pressure the first fault
-    /// after it read its code back from the disk (line -> condition p99 65 ms against 34 ms
-    /// kept mapped; BENCHMARKS.md).
+    /// touched are unmapped from it (`MADV_DONTNEED`; they stay in the page cache), except the
+    /// fault path's code, which the build lays out as one region and which stays locked
+    /// (`mlock`): code that ran once does not stay resident, and a fault never waits for its
+    /// code to be read from the disk. A build without the layout keeps all its pages. `0s`:
+    /// never. Default 1 minute.
     pub page_out_after: HumanDuration<0, DAY>,
     /// The status socket.
     pub status: StatusConfig,
@@ -148,7 +148,7 @@ impl Default for Config {
             escalate_after_boots: 3,
             escalate_after_repeats: 5,
             escalate_window: HumanDuration(std::time::Duration::from_secs(24 * 3600)),
-            page_out_after: HumanDuration(std::time::Duration::ZERO),
+            page_out_after: HumanDuration(std::time::Duration::from_secs(60)),
             status: StatusConfig::default(),
             kmsg: KmsgConfig::default(),
             sysfs: SysfsConfig::default(),
