@@ -101,7 +101,7 @@ fn hot_region() -> Result<std::ops::Range<usize>, NoLayout> {
     let start = gpu_agent_hot_start as *const () as usize;
     // The end marker's own code is in the region too.
     let end = gpu_agent_hot_end as *const () as usize + 1;
-    let region = start & !(PAGE - 1)..(end + PAGE - 1) & !(PAGE - 1);
+    let region = whole_pages(start..end);
     let kib = region.end.saturating_sub(region.start) / 1024;
     if kib < MIN_HOT_KIB {
         return Err(NoLayout::TooSmall { kib });
@@ -111,6 +111,11 @@ fn hot_region() -> Result<std::ops::Range<usize>, NoLayout> {
 
 /// The page size the ranges are aligned to (4 KiB on x86_64, the only layout built).
 const PAGE: usize = 4096;
+
+/// The pages `range` touches: its start rounded down and its end up to a page boundary.
+fn whole_pages(range: std::ops::Range<usize>) -> std::ops::Range<usize> {
+    range.start & !(PAGE - 1)..(range.end + PAGE - 1) & !(PAGE - 1)
+}
 
 /// The parts of `mapping` outside every range of `keep` (sorted, not overlapping): what is
 /// handed back of one mapping.
@@ -165,7 +170,7 @@ fn rodata_region(
         .and_then(|start| usize::try_from(start).ok())
         .ok_or_else(|| fail("the section's address does not fit this mapping".into()))?;
     let end = start + usize::try_from(section.size()).map_err(|e| fail(e.to_string()))?;
-    let region = start & !(PAGE - 1)..(end + PAGE - 1) & !(PAGE - 1);
+    let region = whole_pages(start..end);
     if !mappings
         .iter()
         .any(|m| m.start <= region.start && region.end <= m.end)
