@@ -67,9 +67,12 @@ pub struct FabricInfo {
     pub health_summary: Option<u8>,
 }
 
-/// A 3-bit field of the health mask: 0 not supported, then per field (NVML's header).
+/// A two-state field of the health mask: 0 not supported, 1 true, 2 false. NVML's header
+/// calls `NVML_GPU_FABRIC_HEALTH_MASK_WIDTH_*` (3) a width, but it is the mask `0b11` of a
+/// 2-bit field: the fields sit at shifts 0, 2, 4 and 6, so a 3-bit window would take in the
+/// next field's low bit (1 whenever that field is true).
 fn field(mask: u32, shift: u32) -> u32 {
-    (mask >> shift) & 0x7
+    (mask >> shift) & 0x3
 }
 
 /// `NVML_GPU_FABRIC_HEALTH_MASK_*_TRUE` of the two-state fields (degraded bandwidth, route
@@ -309,7 +312,7 @@ mod tests {
         assert!(detail.contains("degraded bandwidth"), "{detail}");
 
         let unhealthy = FabricInfo {
-            health_mask: degraded.health_mask & !(0x7 << 4) | (1 << 4),
+            health_mask: degraded.health_mask & !(0x3 << 4) | (1 << 4),
             ..degraded.clone()
         };
         let (code, severity, _, _, detail) = unhealthy.judge(false).expect("fault");
@@ -334,6 +337,64 @@ mod tests {
         assert_eq!(
             limited.judge(false).map(|f| f.0),
             Some(FaultCode::FabricDegraded)
+        );
+    }
+
+    /// A healthy mask with the two-state field at `shift` set to true.
+    fn with_true(mask: u32, shift: u32) -> u32 {
+        mask & !(0x3 << shift) | (TRUE << shift)
+    }
+
+    #[test]
+    fn adjacent_true_fields_are_each_read_on_their_own() {
+        // Route unhealthy and access-timeout recovery both true: a 3-bit window read 5 for
+        // the first and missed the fatal, most of all on a v2 driver with no summary.
+        let both = with_true(
+            with_true(completed().health_mask, SHIFT_ROUTE_UNHEALTHY),
+            SHIFT_ACCESS_TIMEOUT_RECOVERY,
+        );
+        let info = FabricInfo {
+            health_mask: both,
+            health_summary: None,
+            ..completed()
+        };
+        let (code, severity, _, _, detail) = info.judge(false).expect("fault");
+        assert_eq!(
+            (code, severity),
+            (FaultCode::FabricUnhealthy, Severity::Fatal)
+        );
+        assert!(detail.contains("unhealthy routes"), "{detail}");
+
+        // Access-timeout recovery true beside configuration "none" (1 at bit 8) is reported.
+        let recovery = FabricInfo {
+            health_mask: with_true(completed().health_mask, SHIFT_ACCESS_TIMEOUT_RECOVERY),
+            ..completed()
+        };
+        let (code, _, _, _, detail) = recovery.judge(false).expect("fault");
+        assert_eq!(code, FaultCode::FabricDegraded);
+        assert!(detail.contains("access-timeout recovery"), "{detail}");
+
+        // Every two-state field true at once: each one named.
+        let all = [0, 2, 4, 6]
+            .into_iter()
+            .fold(completed().health_mask, with_true);
+        let info = FabricInfo {
+            health_mask: all,
+            ..completed()
+        };
+        let view = info.view().expect("view");
+        assert_eq!(view.health.as_deref(), Some("unhealthy routes"));
+        let degraded = FabricInfo {
+            health_mask: with_true(
+                with_true(completed().health_mask, SHIFT_DEGRADED_BW),
+                SHIFT_ROUTE_RECOVERY,
+            ),
+            ..completed()
+        };
+        let (_, _, _, _, detail) = degraded.judge(false).expect("fault");
+        assert!(
+            detail.contains("degraded bandwidth") && detail.contains("route recovery"),
+            "{detail}"
         );
     }
 
