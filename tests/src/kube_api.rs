@@ -127,6 +127,17 @@ impl KubeApi {
         Self::serve(state, "127.0.0.1:0".parse().expect("addr"))
     }
 
+    /// Write `condition` on `node` as another writer would (replacing one of its type).
+    pub fn set_condition(&self, node: &str, condition: Value) {
+        let mut state = self.state.lock().expect("state");
+        let node = state.nodes.get_mut(node).expect("node");
+        let list = node["status"]["conditions"]
+            .as_array_mut()
+            .expect("conditions");
+        list.retain(|c| c["type"] != condition["type"]);
+        list.push(condition);
+    }
+
     /// Start again (after [`KubeApi::stop`]) on the same address with the same state.
     pub fn restart(addr: SocketAddr, state: Arc<Mutex<State>>) -> Self {
         Self::serve(state, addr)

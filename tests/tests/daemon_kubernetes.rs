@@ -619,7 +619,8 @@ fn an_expired_node_event_is_created_again() {
 /// annotation (the condition has no time field), and MaintenanceInProgress stays False; one
 /// whose act time (deadline - the checkpoint lead) comes during the test turns
 /// MaintenanceInProgress True then; canceled, both go back to False and the annotation is
-/// removed. The kubelet's own lifecycle types are never written.
+/// removed. Before any end the agent writes neither (they are admin-managed: another writer
+/// may own them). The kubelet's own lifecycle types are never written.
 #[test]
 fn scheduled_maintenance_is_planned_at_once_in_progress_at_its_act_time_and_cleared_when_canceled()
 {
@@ -652,13 +653,15 @@ fn scheduled_maintenance_is_planned_at_once_in_progress_at_its_act_time_and_clea
                 .map(str::to_string)
         })
     };
-    wait(
-        Duration::from_secs(5),
-        "both lifecycle conditions False",
-        || {
-            condition("MaintenancePlanned").is_some_and(|c| c.0 == "False")
-                && condition("MaintenanceInProgress").is_some_and(|c| c.0 == "False")
-        },
+    wait(Duration::from_secs(5), "the GPU condition written", || {
+        condition("AcceleratedHardwareReady").is_some()
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(condition("MaintenancePlanned"), None, "no end: not written");
+    assert_eq!(
+        condition("MaintenanceInProgress"),
+        None,
+        "no end: not written"
     );
     assert_eq!(annotation(), None);
 
@@ -683,16 +686,12 @@ fn scheduled_maintenance_is_planned_at_once_in_progress_at_its_act_time_and_clea
                 .contains("MaintenancePlanned=True (ScheduledMaintenance)")
         },
     );
-    assert!(agent
-        .status(false)
-        .1
-        .contains("MaintenanceInProgress=False (NoMaintenanceInProgress)"));
     // The notice's own deadline, to the second, as RFC 3339.
     assert_eq!(deadline, gpu_agent_e2e::trainer::rfc3339(far), "annotation");
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(
-        condition("MaintenanceInProgress").map(|c| c.0).as_deref(),
-        Some("False"),
+        condition("MaintenanceInProgress").map(|c| c.0),
+        None,
         "three days ahead is not in progress"
     );
 
@@ -713,7 +712,7 @@ fn scheduled_maintenance_is_planned_at_once_in_progress_at_its_act_time_and_clea
         Some("ScheduledMaintenance")
     );
 
-    // Canceled: both False, the annotation gone.
+    // Canceled: the agent takes back its own True of both, the annotation gone.
     imds.set_scheduled("[]");
     wait(Duration::from_secs(5), "both False again", || {
         condition("MaintenancePlanned").is_some_and(|c| c.0 == "False")
@@ -732,5 +731,51 @@ fn scheduled_maintenance_is_planned_at_once_in_progress_at_its_act_time_and_clea
             "the kubelet's own lifecycle types are never written: {c}"
         );
     }
+    assert!(agent.stop().success());
+}
+
+/// KEP-5683's lifecycle conditions are admin-managed: another writer's
+/// `MaintenancePlanned=True` (a maintenance operator's) survives the agent's heartbeats, and
+/// the agent's own `True`, once its end is gone, is taken back only while it is still the
+/// agent's on the server.
+#[test]
+fn another_writers_maintenance_planned_survives_ten_heartbeats() {
+    use gpu_agent_e2e::imds::{scheduled_reboot, FakeImds};
+    let host = Host::new();
+    let imds = FakeImds::start();
+    let api = KubeApi::start(&[NODE]);
+    let config = host.config(&format!(
+        "node_name = \"{NODE}\"\n[kubernetes]\nkubeconfig = {:?}\nheartbeat_interval = \"1s\"\n\
+         [imds]\nendpoint = {:?}\npoll_interval = \"200ms\"\n\
+         rebalance_interval = \"200ms\"\nscheduled_interval = \"200ms\"\n",
+        api.kubeconfig(host.dir.path()),
+        imds.endpoint()
+    ));
+    let theirs = serde_json::json!({
+        "type": "MaintenancePlanned", "status": "True", "reason": "OSPatching",
+        "message": "kernel update tonight", "lastHeartbeatTime": "2026-12-01T00:00:00Z",
+        "lastTransitionTime": "2026-12-01T00:00:00Z"
+    });
+    api.set_condition(NODE, theirs.clone());
+    let agent = Agent::start(&config, &host.socket());
+    let planned = || api.condition(NODE, "MaintenancePlanned").expect("planned");
+    wait(Duration::from_secs(5), "the GPU condition written", || {
+        api.condition(NODE, "AcceleratedHardwareReady").is_some()
+    });
+    // Ten heartbeats.
+    std::thread::sleep(Duration::from_secs(11));
+    assert_eq!(planned(), theirs, "never clobbered");
+
+    // The agent's own end: its True; then the operator writes theirs over it, and the
+    // agent's end goes: the operator's stays.
+    let far = std::time::SystemTime::now() + Duration::from_secs(3 * 86_400);
+    imds.set_scheduled(&scheduled_reboot(far));
+    wait(Duration::from_secs(5), "the agent's True", || {
+        planned()["reason"] == "ScheduledMaintenance"
+    });
+    api.set_condition(NODE, theirs.clone());
+    imds.set_scheduled("[]");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(planned(), theirs, "not the agent's to take back");
     assert!(agent.stop().success());
 }

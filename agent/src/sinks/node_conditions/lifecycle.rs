@@ -1,5 +1,8 @@
 //! Node lifecycle conditions (KEP-5683): `MaintenancePlanned` and `MaintenanceInProgress`,
-//! the two "admin managed" types an outside writer may own. (`GracefulNodeShutdownInProgress`,
+//! the two "admin managed" types an outside writer may own. So the agent writes `True` only
+//! while it has an end to report, and `False` only over a `True` that carries one of its own
+//! reasons ([`is_ours`], read from the server just before): another writer's condition, on
+//! a heartbeat or otherwise, is never touched. (`GracefulNodeShutdownInProgress`,
 //! `DrainInProgress` and `Drained` are the kubelet's own and never written.) The conditions
 //! carry no time, so the planned end's deadline is in the message and, machine-readable, in
 //! the node annotation [`DEADLINE_ANNOTATION`]. Pure: no Kubernetes types.
@@ -27,6 +30,19 @@ pub fn reason(kind: NoticeKind) -> &'static str {
         NoticeKind::FatalFault => "FatalFault",
     }
 }
+
+/// Is `type_` one of the two lifecycle conditions?
+pub fn is_lifecycle(type_: &str) -> bool {
+    type_ == PLANNED || type_ == IN_PROGRESS
+}
+
+/// Does a `True` lifecycle condition with `reason` come from this agent?
+pub fn is_ours(reason: &str) -> bool {
+    reason == UNKNOWN_END || NoticeKind::ALL.iter().any(|k| self::reason(*k) == reason)
+}
+
+/// The reason of an end being acted on whose kind is not known by name.
+const UNKNOWN_END: &str = "InstanceEnding";
 
 /// The planned end: the earliest notice that ends the instance (a rebalance recommendation
 /// too, where `rebalance` says so).
@@ -78,7 +94,7 @@ pub fn desired(snapshot: &HealthSnapshot, rebalance: bool, now: SystemTime) -> [
             reason: NoticeKind::ALL
                 .iter()
                 .find(|k| k.name() == end.kind)
-                .map_or("InstanceEnding", |k| reason(*k))
+                .map_or(UNKNOWN_END, |k| reason(*k))
                 .into(),
             message: ends_at(end),
         },

@@ -114,6 +114,14 @@ impl Writer {
         Ok(())
     }
 
+    /// Does the server hold `type_` as `True` with one of this agent's lifecycle reasons (as
+    /// last read or written)?
+    fn ours_true(&self, type_: &str) -> bool {
+        self.known
+            .get(type_)
+            .is_some_and(|k| k.desired.status == "True" && lifecycle::is_ours(&k.desired.reason))
+    }
+
     /// Bring the server in line with `snapshot`. `heartbeat` forces a PATCH.
     async fn sync(&mut self, snapshot: &HealthSnapshot, heartbeat: bool) -> Result<(), ApiError> {
         let api = self.link.api().await?;
@@ -130,7 +138,18 @@ impl Writer {
             self.refresh(&api).await?;
         }
         let now = SystemTime::now();
-        let want = desired(snapshot, &self.settings.types, now);
+        let mut want = desired(snapshot, &self.settings.types, now);
+        // A lifecycle condition is shared with other writers: False only to take back this
+        // agent's own True, as the server has it now.
+        let releases = want.iter().any(|d| {
+            lifecycle::is_lifecycle(&d.type_) && d.status == "False" && self.ours_true(&d.type_)
+        });
+        if releases {
+            self.refresh(&api).await?;
+        }
+        want.retain(|d| {
+            !lifecycle::is_lifecycle(&d.type_) || d.status == "True" || self.ours_true(&d.type_)
+        });
         let changed = want
             .iter()
             .any(|d| self.known.get(&d.type_).map(|k| &k.desired) != Some(d));
