@@ -672,7 +672,7 @@ impl Host {
     /// Config lines pointing `[nvml]` at the fake library, polling fast.
     pub fn nvml_config(&self) -> String {
         format!(
-            "[nvml]\nlibrary = {:?}\npoll_interval = \"100ms\"\nexpected_gpus = 8\n",
+            "[nvml]\nlibrary = {:?}\npoll_interval = \"100ms\"\nexpected_gpus = 8\nclear_after = \"1s\"\n",
             fake_nvml()
         )
     }

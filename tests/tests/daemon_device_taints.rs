@@ -198,7 +198,9 @@ fn a_fatal_xid_fences_one_gpu_and_its_mig_devices_never_lowered_and_lifted_on_re
     assert_eq!(fences(&api), gpu3("NoSchedule"));
 
     // The driver's recovery action back to None: the faults end, the rules go.
-    xids(&[(3, 48), (3, 13)]).write(&host);
+    xids(&[(3, 48), (3, 13)])
+        .gpu(3, "recovery_action = 0")
+        .write(&host);
     wait(Duration::from_secs(5), "rules deleted", || {
         api.rules().is_empty()
     });

@@ -67,7 +67,56 @@ impl HostFacts {
             config.escalate_after_repeats,
             config.escalate_window.0,
         );
+        model.set_condition_rules(Self::condition_rules(config));
         model
+    }
+
+    /// How each polling source's conditions are set and cleared: NVML's clear
+    /// `[nvml] clear_after` after their last sighting; EFA's a whole `[efa] window` after
+    /// theirs, a counter-based fatal needs its rate over the limit for a whole window (two
+    /// windows back to back), a link down or a device missing two polls in a row.
+    pub fn condition_rules(config: &Config) -> crate::core::condition::Rules {
+        use crate::core::condition::{Rule, Rules};
+        use crate::model::{FaultCode, SourceKind};
+        let mut rules = Rules::default();
+        rules.set(
+            SourceKind::Nvml,
+            Rule {
+                confirm: Duration::ZERO,
+                hold: config.nvml.clear_after.0,
+            },
+        );
+        let window = config.efa.window.0;
+        rules.set(
+            SourceKind::Efa,
+            Rule {
+                confirm: Duration::ZERO,
+                hold: window,
+            },
+        );
+        for code in [FaultCode::EfaErrors, FaultCode::EfaAdminErrors] {
+            rules.set_code(
+                SourceKind::Efa,
+                code,
+                Rule {
+                    confirm: window,
+                    hold: window,
+                },
+            );
+        }
+        // Seen on two polls in a row: the second comes a poll interval after the first.
+        let two_polls = config.efa.poll_interval.0 / 2;
+        for code in [FaultCode::EfaLinkDown, FaultCode::EfaMissing] {
+            rules.set_code(
+                SourceKind::Efa,
+                code,
+                Rule {
+                    confirm: two_polls,
+                    hold: window,
+                },
+            );
+        }
+        rules
     }
 
     /// How long before its deadline each notice kind is acted on (`[checkpoint.lead]`).
@@ -117,6 +166,7 @@ impl HostFacts {
                 errors_fatal: e.errors_fatal_per_minute,
                 retrans_warning: e.retrans_warning_per_minute,
             },
+            baseline: None,
         }
     }
 

@@ -24,6 +24,11 @@ pub struct NvmlConfig {
     /// nvidia-fabricmanager trains them after the agent starts. A link that was up and goes
     /// down is fatal at once, grace or not; one never up after the grace is a warning.
     pub nvlink_boot_grace: HumanDuration<0, DAY>,
+    /// A condition NVML found (ECC, remapped rows, NVLink, PCIe, fabric, a missing GPU)
+    /// clears only this long after the last poll that saw it, so a reading that comes and
+    /// goes is one fault, not a node condition that flips each poll (0: at the first clean
+    /// poll).
+    pub clear_after: HumanDuration<0, DAY>,
 }
 
 impl Default for NvmlConfig {
@@ -34,6 +39,7 @@ impl Default for NvmlConfig {
             poll_interval: HumanDuration(std::time::Duration::from_secs(10)),
             expected_gpus: 0,
             nvlink_boot_grace: HumanDuration(std::time::Duration::from_secs(600)),
+            clear_after: HumanDuration(std::time::Duration::from_secs(60)),
         }
     }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
-pub use health::{HealthModel, MAX_FAULTS};
+pub use health::{condition, HealthModel, MAX_FAULTS};
 pub use persist::{PersistError, PersistedState, StateStore};
 
 use crate::model::{HealthSnapshot, KmsgCounters, Observation};

@@ -66,6 +66,11 @@ pub struct GpuTelemetry {
     pub pcie_width: Option<u32>,
     /// Maximum PCIe width.
     pub pcie_width_max: Option<u32>,
+    /// The driver's required recovery action as read this poll (0: none); `None` where it
+    /// could not be read (older driver, GPU lost). Only an explicit 0 ends the faults the
+    /// driver asked a recovery for.
+    #[serde(default)]
+    pub recovery_action: Option<u32>,
 }
 
 /// What NVML says a GPU is.

@@ -1,8 +1,9 @@
 //! The node's health model: faults merged from every source, keyed by component and code.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
+pub mod condition;
 mod escalation;
 mod occurrence;
 mod snapshot;
@@ -66,6 +67,14 @@ pub struct HealthModel {
     fencing: Option<crate::model::Fencing>,
     /// The Node conditions as last written.
     conditions: Vec<crate::model::NodeCondition>,
+    /// How each polling source's conditions are set and cleared.
+    rules: condition::Rules,
+    /// Fatal sightings not yet confirmed: who saw each, and since when it has been seen on
+    /// every poll.
+    pending: HashMap<Key, (SourceKind, SystemTime)>,
+    /// Polled faults' last confirmed fatal sighting: a milder one lowers the verdict only a
+    /// whole hold after it.
+    last_fatal: HashMap<Key, SystemTime>,
 }
 
 impl HealthModel {
@@ -103,7 +112,16 @@ impl HealthModel {
             imex: None,
             fencing: None,
             conditions: Vec::new(),
+            rules: condition::Rules::default(),
+            pending: HashMap::new(),
+            last_fatal: HashMap::new(),
         }
+    }
+
+    /// How each polling source's conditions are set and cleared (default: at once, and at
+    /// the first poll without them).
+    pub fn set_condition_rules(&mut self, rules: condition::Rules) {
+        self.rules = rules;
     }
 
     /// How long before its deadline each kind of notice is acted on (`[checkpoint.lead]`).
@@ -206,6 +224,11 @@ impl HealthModel {
 
     /// Merge an observation. Returns `true` if the model changed.
     pub fn apply(&mut self, observation: Observation) -> bool {
+        self.apply_at(observation, SystemTime::now())
+    }
+
+    /// Merge an observation at `now` (when a polled condition's hold is judged).
+    pub fn apply_at(&mut self, observation: Observation, now: SystemTime) -> bool {
         match observation {
             Observation::Fault(report) => {
                 self.merge(report);
@@ -297,54 +320,103 @@ impl HealthModel {
                         changed
                     }
                 };
-                changed |= self.replace_conditions(source, faults, &partial);
+                changed |= self.replace_conditions(source, faults, &partial, now);
                 changed
             }
         }
     }
 
-    /// A polling source's faults are conditions: present while the source sees them,
-    /// cleared when it stops. A condition seen again is not a new occurrence. A fault the
-    /// source could not judge this time (`partial`: the call it comes from failed) is kept.
+    /// A polling source's faults are conditions, set and cleared by the source's rule
+    /// (`condition.rs`): a fatal sighting is fatal once confirmed, a verdict gets milder
+    /// only a whole hold after its worse evidence, and a fault clears its hold after its
+    /// last sighting. A
+    /// condition seen again is not a new occurrence. A fault the source could not judge this
+    /// time (`partial`: the call it comes from failed) is kept as it was.
     fn replace_conditions(
         &mut self,
         source: SourceKind,
         reports: Vec<FaultReport>,
         partial: &[Key],
+        now: SystemTime,
     ) -> bool {
         let keys: Vec<Key> = reports.iter().map(|r| (r.component, r.code)).collect();
-        let gone: Vec<Key> = self
+        let absent: Vec<(Key, SystemTime)> = self
             .faults
             .iter()
             // Events (an Xid the source also reports as it happens) are occurrences, latched
             // like the kernel log's; only conditions clear when a poll no longer sees them.
             .filter(|(k, f)| f.source == source && !keys.contains(k) && !k.1.is_event())
             .filter(|(k, _)| !partial.contains(k))
-            .map(|(k, _)| *k)
+            .map(|(k, f)| (*k, f.last_seen))
             .collect();
-        let mut changed = !gone.is_empty();
-        for key in gone {
+        // A fatal sighting not seen again this poll starts its confirmation afresh.
+        self.pending
+            .retain(|k, (from, _)| *from != source || keys.contains(k) || partial.contains(k));
+        let mut changed = false;
+        for (key, last_seen) in absent {
+            let rule = self.rules.get(source, key.1);
+            if !condition::expired(last_seen, now, rule.hold) {
+                continue;
+            }
+            changed = true;
             if let Some(fault) = self.faults.remove(&key) {
                 tracing::info!(fault = %fault.label(), "Fault cleared.");
             }
             self.logged.remove(&key);
-            if key.1 == FaultCode::RecoveryAction {
+            self.last_fatal.remove(&key);
+            if key.1 == FaultCode::RecoveryAction && self.recovery_is_none(key.0) {
                 self.recovered(key.0);
             }
         }
-        for report in reports {
+        for mut report in reports {
             let key = (report.component, report.code);
+            let rule = self.rules.get(source, key.1);
+            let latched_fatal = self
+                .faults
+                .get(&key)
+                .is_some_and(|f| f.source == source && f.class.severity == Severity::Fatal);
+            if report.class.severity == Severity::Fatal {
+                let (_, since) = *self.pending.entry(key).or_insert((source, report.at));
+                if latched_fatal || condition::confirmed(since, report.at, rule.confirm) {
+                    self.last_fatal.insert(key, report.at);
+                } else {
+                    (report.class, report.detail) =
+                        condition::provisional(&report.class, &report.detail, rule.confirm);
+                }
+            } else {
+                self.pending.remove(&key);
+            }
             match self.faults.get_mut(&key) {
                 Some(fault) if fault.source == source => {
                     fault.last_seen = report.at;
-                    fault.detail = report.detail;
-                    let mut class = report.class;
-                    if fault.escalated.is_some() {
-                        // An escalation is evidence the next poll's catalog class lacks.
-                        class.action = class.action.max(fault.class.action);
+                    // A milder sighting lowers the verdict only a whole hold after the last
+                    // sighting of the worse one; until then the verdict and its evidence
+                    // stay as they are.
+                    let milder = occurrence::worse(&fault.class, &report.class);
+                    let lower = milder
+                        && fault.escalated.is_none()
+                        && condition::expired(
+                            *self.last_fatal.entry(key).or_insert(report.at),
+                            report.at,
+                            rule.hold,
+                        );
+                    if milder && !lower {
+                        continue;
                     }
+                    let class = if lower {
+                        self.last_fatal.remove(&key);
+                        tracing::info!(fault = %fault.label(), severity = %report.class.severity, "Fault milder: its worse evidence is a whole hold old.");
+                        report.class
+                    } else {
+                        latch(Some(&fault.class), &report.class)
+                    };
+                    fault.detail = report.detail;
                     if fault.class != class {
+                        let was = fault.class.severity;
                         fault.class = class;
+                        if fault.class.severity > was {
+                            log_new(fault);
+                        }
                         changed = true;
                     }
                 }
@@ -355,6 +427,17 @@ impl HealthModel {
             }
         }
         changed
+    }
+
+    /// Did NVML's last poll read the driver's recovery action for `component` as None
+    /// (an explicit read, not a GPU gone or a field it could not read)?
+    fn recovery_is_none(&self, component: Component) -> bool {
+        let Component::Gpu { pci } = component else {
+            return false;
+        };
+        self.nvml_gpus
+            .iter()
+            .any(|g| g.pci == Some(pci) && g.telemetry.recovery_action == Some(0))
     }
 
     /// The driver's recovery action for `component` went back to None after it asked for one
@@ -1191,7 +1274,7 @@ mod tests {
         m.apply(xid("0000:2a:00", 13, 3));
         m.apply(xid("0000:3a:00", 79, 4));
         let gpu = pci("0000:18:00.0");
-        let poll = |faults: Vec<FaultReport>| Observation::Poll {
+        let poll = |faults: Vec<FaultReport>, recovery_action: Option<u32>| Observation::Poll {
             source: SourceKind::Nvml,
             faults,
             partial: Vec::new(),
@@ -1199,6 +1282,10 @@ mod tests {
                 gpus: vec![GpuIdentity {
                     pci: Some(gpu),
                     uuid: Some("GPU-a".into()),
+                    telemetry: crate::model::GpuTelemetry {
+                        recovery_action,
+                        ..Default::default()
+                    },
                     ..GpuIdentity::default()
                 }],
                 driver_version: None,
@@ -1221,10 +1308,16 @@ mod tests {
             drill: false,
         };
         // No recovery action ever asked for: a None poll is no evidence.
-        m.apply(poll(Vec::new()));
+        m.apply(poll(Vec::new(), Some(0)));
         assert_eq!(m.snapshot(KmsgStats::default()).faults.len(), 4);
-        m.apply(poll(vec![reset]));
-        m.apply(poll(Vec::new()));
+        // The field gone unreadable (the GPU lost, a driver that stops answering it) is
+        // no recovery: the recovery-action condition ends, the latched Xids stay.
+        m.apply(poll(vec![reset.clone()], Some(1)));
+        m.apply(poll(Vec::new(), None));
+        assert_eq!(m.snapshot(KmsgStats::default()).faults.len(), 4);
+        // An explicit read of None ends them.
+        m.apply(poll(vec![reset], Some(1)));
+        m.apply(poll(Vec::new(), Some(0)));
         let left: Vec<String> = m
             .snapshot(KmsgStats::default())
             .faults

@@ -236,6 +236,7 @@ fn identity(r: &GpuReading) -> GpuIdentity {
             pcie_gen_max: pcie.and_then(|p| p.max_gen),
             pcie_width: pcie.map(|p| p.width),
             pcie_width_max: pcie.map(|p| p.max_width),
+            recovery_action: r.recovery_action.as_ref().ok().copied(),
         },
     }
 }
