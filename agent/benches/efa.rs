@@ -34,6 +34,7 @@ fn main() {
             errors_fatal: 600.0,
             retrans_warning: 60_000.0,
         },
+        baseline: None,
     });
     let start = Instant::now();
     for i in 0..10 {

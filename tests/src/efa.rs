@@ -57,6 +57,11 @@ impl Host {
         name
     }
 
+    /// Take device `name` away, as a device that fell off the bus leaves sysfs.
+    pub fn remove_efa(&self, name: &str) {
+        std::fs::remove_dir_all(self.efa_dir(name)).expect("remove efa device");
+    }
+
     /// `<domain>:<0x80 + index>:00.0`, EFA device `index`'s PCI address.
     pub fn efa_pci(&self, index: u8) -> String {
         format!("{:04x}:{:02x}:00.0", self.domain, 0x80 + u32::from(index))
@@ -133,6 +138,13 @@ impl Veth {
             &self.peer,
             if up { "up" } else { "down" },
         ]);
+    }
+}
+
+impl Veth {
+    /// Take the near end (the agent's) administratively up or down.
+    pub fn set_admin(&self, up: bool) {
+        ip(&["link", "set", &self.host, if up { "up" } else { "down" }]);
     }
 }
 

@@ -94,8 +94,14 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
     }
     if config.efa.enabled {
         model.apply(Observation::Source(SourceKind::Efa, SourceState::Starting));
+        let mut settings = HostFacts::efa_settings(&config);
+        // The daemon keeps this boot's EFA device count across its restarts.
+        settings.baseline = Some((
+            config.state_dir.join("efa-baseline.json"),
+            host.boot_id.clone(),
+        ));
         tokio::spawn(crate::sources::efa::run(
-            HostFacts::efa_settings(&config),
+            settings,
             tx.clone(),
             shutdown.clone(),
         ));

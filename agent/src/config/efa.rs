@@ -13,21 +13,24 @@ pub struct EfaConfig {
     pub enabled: bool,
     /// How often the devices are read.
     pub poll_interval: HumanDuration<SECOND, HOUR>,
-    /// Counters are turned into rates over this window, and a fault outlives its evidence
-    /// by it (a link back up, rates under the limits, for a whole window).
+    /// Counters are turned into rates over this window; a counter's fatal rate must last a
+    /// whole window before it condemns the node, and a fault outlives its evidence by a
+    /// window (a link back up, rates under the limits, for a whole window).
     pub window: HumanDuration<{ 10 * SECOND }, HOUR>,
     /// From boot, how long fewer devices than expected are not a fault (EFA devices can
     /// initialise late: seen on p5en).
     pub startup_grace: HumanDuration<0, HOUR>,
-    /// EFA devices this node should have; 0: from the instance type (a type not in the
-    /// table: not checked). Set it where nodes are launched with fewer EFA interfaces than
-    /// the type allows.
+    /// EFA devices this node should have; 0: as many as this boot had once the start-up
+    /// grace ended (only fewer is a fault: the instance type's maximum is not what a launch
+    /// template attaches).
     pub expected_devices: u32,
-    /// An error counter (`rx_drops`, `rdma_read_wr_err`, `rdma_write_wr_err`,
-    /// `unresponsive_remote_events`, `impaired_remote_conn_events`, `retrans_timeout_events`)
-    /// rising faster than this per minute is a warning.
+    /// An error counter (`rdma_read_wr_err`, `rdma_write_wr_err`, `retrans_timeout_events`,
+    /// and the peer's or receiver's `rx_drops`, `unresponsive_remote_events`,
+    /// `impaired_remote_conn_events`) rising faster than this per minute is a warning.
     pub errors_warning_per_minute: f64,
-    /// ... and faster than this, fatal (`NetworkingReady=False`).
+    /// ... and a local one (`rdma_read_wr_err`, `rdma_write_wr_err`,
+    /// `retrans_timeout_events`) faster than this for a whole window, fatal
+    /// (`NetworkingReady=False`). A peer's trouble is never fatal here.
     pub errors_fatal_per_minute: f64,
     /// `retrans_pkts` rising faster than this per minute is a warning (never fatal).
     pub retrans_warning_per_minute: f64,

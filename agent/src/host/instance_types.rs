@@ -13,7 +13,7 @@ use std::path::Path;
 /// (Karpenter's generated instance-type reference) agree. p6e-gb200 instances are the 4-GPU
 /// slices of a GB200 NVL72 UltraServer.
 ///
-/// The third column is the EFA devices (`EfaInfo.MaximumEfaInterfaces`, from the same
+/// The third column is the most EFA devices (`EfaInfo.MaximumEfaInterfaces`, from the same
 /// reference, and `shared/reference/efa.md` for p6-b300 and p6e-gb200); `None` where no
 /// source read states it: the count is then not checked.
 const INSTANCE_GPUS: &[(&str, u32, Option<u32>)] = &[
@@ -119,18 +119,16 @@ pub fn expected_gpus(configured: u32, sysfs_root: &Path, on_bus: usize) -> (u32,
     )
 }
 
-/// Expected EFA devices and where the number came from: config, or the instance type;
-/// `None`: neither says (the count is not checked).
-pub fn expected_efa(configured: u32, sysfs_root: &Path) -> Option<(u32, String)> {
-    if configured > 0 {
-        return Some((configured, "[efa] expected_devices".into()));
-    }
+/// The most EFA devices this instance type can have, with the type's name; `None` where
+/// the type is unknown or not in the table. A maximum, not what a launch attached: the EFA
+/// source logs it beside the count it judges against, and condemns nothing by it.
+pub fn efa_maximum(sysfs_root: &Path) -> Option<(u32, String)> {
     let t = crate::host::instance_type(sysfs_root)?;
     INSTANCE_GPUS
         .iter()
         .find(|(name, _, _)| *name == t)
         .and_then(|(_, _, efa)| *efa)
-        .map(|n| (n, format!("instance type {t}")))
+        .map(|n| (n, t.clone()))
 }
 
 #[cfg(test)]
@@ -171,10 +169,9 @@ mod tests {
             (8, "instance type p5.48xlarge".to_string())
         );
         assert_eq!(
-            expected_efa(0, root.path()),
-            Some((32, "instance type p5.48xlarge".to_string()))
+            efa_maximum(root.path()),
+            Some((32, "p5.48xlarge".to_string()))
         );
-        assert_eq!(expected_efa(16, root.path()).map(|e| e.0), Some(16));
     }
 
     /// Issue 22: a GPU missing from the bus is seen only where the type is known: every

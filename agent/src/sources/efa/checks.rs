@@ -3,25 +3,37 @@
 //!
 //! | evidence | code | severity | action |
 //! |---|---|---|---|
-//! | fewer devices than the instance type has, past the start-up grace | `efa-missing` | fatal | reboot |
-//! | the device's interface has no carrier | `efa-link-down` | fatal | reboot |
+//! | fewer devices than configured, or than this boot had once the start-up grace ended | `efa-missing` | fatal | reboot |
+//! | the device's interface is up but has no carrier | `efa-link-down` | fatal | reboot |
 //! | admin commands never completed (`no_completion_cmds` rising) | `efa-admin-errors` | fatal | reboot |
 //! | admin commands in error (`cmds_err` rising) | `efa-admin-errors` | warning | none |
-//! | an error counter rising past the fatal rate | `efa-errors` | fatal | reboot |
-//! | an error counter, or `retrans_pkts`, rising past the warning rate | `efa-errors` | warning | none |
+//! | a local error counter rising past the fatal rate | `efa-errors` | fatal | reboot |
+//! | a local error counter, a peer's or the receiver's, or `retrans_pkts`, rising past the warning rate | `efa-errors` | warning | none |
+//!
+//! What is judged here is one poll's evidence; the core confirms a fatal one (a counter's
+//! rate for a whole window, a link or a device count for two polls) and clears a fault only
+//! a whole window after its last sighting (`core/health/condition.rs`). Fewer devices than
+//! the instance type allows is no fault: a launch may attach fewer EFA interfaces.
 
 use std::collections::BTreeMap;
 
 use crate::model::{Action, Classification, Component, FaultCode, Severity};
 
-/// The per-port counters AWS names as EFA degradation indicators ("Monitor an EFA").
+/// The per-port counters AWS names as EFA degradation indicators ("Monitor an EFA") that
+/// say this device failed: past the fatal rate they condemn the node.
 pub const ERROR_COUNTERS: &[&str] = &[
-    "rx_drops",
     "rdma_read_wr_err",
     "rdma_write_wr_err",
+    "retrans_timeout_events",
+];
+/// Indicators that say more about the other end than about this device: a peer that stopped
+/// answering (`unresponsive_remote_events`, `impaired_remote_conn_events`: every node that
+/// talks to a dead peer counts them) or a receiver not ready (`rx_drops`, in SRD mostly the
+/// workload's own receive queues). Only ever a warning: they never condemn the observer.
+pub const REMOTE_COUNTERS: &[&str] = &[
+    "rx_drops",
     "unresponsive_remote_events",
     "impaired_remote_conn_events",
-    "retrans_timeout_events",
 ];
 /// Retransmitted packets: normal in small numbers on a busy fabric; only a warning.
 pub const RETRANS: &str = "retrans_pkts";
@@ -92,7 +104,8 @@ const FATAL: (Severity, Action) = (Severity::Fatal, Action::Reboot);
 const WARNING: (Severity, Action) = (Severity::Warning, Action::None);
 
 /// Judge one poll. `expected` is how many devices the node should have (with where that
-/// came from), checked only once `settled` (the start-up grace is over).
+/// came from: the config, or the count this boot had once the start-up grace ended),
+/// checked only once `settled` (the start-up grace is over).
 pub fn evaluate(
     devices: &[Seen],
     expected: Option<&(u32, String)>,
@@ -120,20 +133,20 @@ pub fn evaluate(
                 FaultCode::EfaLinkDown,
                 FATAL,
                 "EFA_LINK_DOWN",
-                format!("{name}: its network interface has no carrier"),
+                format!("{name}: its network interface is up but has no carrier"),
             ));
         }
         let rate = |c: &str| d.rates.get(c).copied().unwrap_or(0.0);
+        // The evidence names the counters and the limit crossed, never the live rate: it
+        // is the condition's message, and a number that changes each poll would rewrite
+        // the Node each poll. The rates themselves are in `status` and the metrics.
         if rate(NO_COMPLETION) > 0.0 {
             out.push(finding(
                 d.component,
                 FaultCode::EfaAdminErrors,
                 FATAL,
                 "EFA_ADMIN_NO_COMPLETION",
-                format!(
-                    "{name}: admin commands not completed by the device ({:.0}/min)",
-                    rate(NO_COMPLETION)
-                ),
+                format!("{name}: admin commands not completed by the device"),
             ));
         } else if rate(CMDS_ERR) > 0.0 {
             out.push(finding(
@@ -141,37 +154,44 @@ pub fn evaluate(
                 FaultCode::EfaAdminErrors,
                 WARNING,
                 "EFA_ADMIN_CMD_ERRORS",
-                format!(
-                    "{name}: admin commands in error ({:.0}/min)",
-                    rate(CMDS_ERR)
-                ),
+                format!("{name}: admin commands in error"),
             ));
         }
-        let rising: Vec<(&str, f64)> = ERROR_COUNTERS
-            .iter()
-            .map(|c| (*c, rate(c)))
-            .filter(|(_, r)| *r > limits.errors_warning)
-            .collect();
-        let fatal = rising.iter().any(|(_, r)| *r > limits.errors_fatal);
-        let retrans = rate(RETRANS) > limits.retrans_warning;
-        if !rising.is_empty() || retrans {
-            let mut what: Vec<String> = rising
+        let over = |counters: &[&'static str], limit: f64| -> Vec<&'static str> {
+            counters
                 .iter()
-                .map(|(c, r)| format!("{c} {r:.0}/min"))
-                .collect();
-            if retrans {
-                what.push(format!("{RETRANS} {:.0}/min", rate(RETRANS)));
-            }
+                .copied()
+                .filter(|c| rate(c) > limit)
+                .collect()
+        };
+        let fatal = over(ERROR_COUNTERS, limits.errors_fatal);
+        let mut warning = over(ERROR_COUNTERS, limits.errors_warning);
+        warning.extend(over(REMOTE_COUNTERS, limits.errors_warning));
+        if rate(RETRANS) > limits.retrans_warning {
+            warning.push(RETRANS);
+        }
+        if !fatal.is_empty() {
             out.push(finding(
                 d.component,
                 FaultCode::EfaErrors,
-                if fatal { FATAL } else { WARNING },
-                if fatal {
-                    "EFA_ERROR_RATE_FATAL"
-                } else {
-                    "EFA_ERROR_RATE"
-                },
-                format!("{name}: errors rising: {}", what.join(", ")),
+                FATAL,
+                "EFA_ERROR_RATE_FATAL",
+                format!(
+                    "{name}: {} rising past {:.0}/min",
+                    fatal.join(", "),
+                    limits.errors_fatal
+                ),
+            ));
+        } else if !warning.is_empty() {
+            out.push(finding(
+                d.component,
+                FaultCode::EfaErrors,
+                WARNING,
+                "EFA_ERROR_RATE",
+                format!(
+                    "{name}: {} rising past the warning rate",
+                    warning.join(", ")
+                ),
             ));
         }
     }
@@ -245,16 +265,51 @@ mod tests {
             (1_000.0, Some(Severity::Fatal)),
         ] {
             let mut d = seen(1);
-            d.rates.insert("unresponsive_remote_events".into(), rate);
+            d.rates.insert("rdma_write_wr_err".into(), rate);
             let found = evaluate(&[d], None, true, &LIMITS);
             assert_eq!(found.first().map(|f| f.class.severity), want, "{rate}");
         }
+        // The evidence is stable while the rate moves: no live number in it.
+        let detail = |rate: f64| {
+            let mut d = seen(1);
+            d.rates.insert("rdma_write_wr_err".into(), rate);
+            evaluate(&[d], None, true, &LIMITS)[0].detail.clone()
+        };
+        assert_eq!(detail(720.0), detail(1_500.0));
+        assert!(detail(720.0).contains("rdma_write_wr_err rising past 600/min"));
         let mut d = seen(1);
         d.rates.insert(RETRANS.into(), 100_000.0);
         assert_eq!(
             codes(&evaluate(&[d], None, true, &LIMITS)),
             [(FaultCode::EfaErrors, Severity::Warning)],
             "retransmits never condemn"
+        );
+    }
+
+    #[test]
+    fn a_peers_trouble_never_condemns_the_observer() {
+        for counter in REMOTE_COUNTERS {
+            let mut d = seen(1);
+            d.rates.insert((*counter).into(), 100_000.0);
+            let found = evaluate(&[d], None, true, &LIMITS);
+            assert_eq!(
+                codes(&found),
+                [(FaultCode::EfaErrors, Severity::Warning)],
+                "{counter}"
+            );
+            assert!(found[0].detail.contains(counter), "{}", found[0].detail);
+        }
+        // Beside a local counter past the fatal rate, the fatal names only the local one.
+        let mut d = seen(1);
+        d.rates
+            .insert("unresponsive_remote_events".into(), 100_000.0);
+        d.rates.insert("rdma_read_wr_err".into(), 1_000.0);
+        let found = evaluate(&[d], None, true, &LIMITS);
+        assert_eq!(codes(&found), [(FaultCode::EfaErrors, Severity::Fatal)]);
+        assert!(
+            !found[0].detail.contains("unresponsive"),
+            "{}",
+            found[0].detail
         );
     }
 }

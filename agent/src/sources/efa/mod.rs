@@ -1,13 +1,17 @@
 //! The EFA source: the Elastic Fabric Adapters that tie this node to the rest of the job.
-//! Every poll reads each device's sysfs (`sysfs.rs`): how many there are against what the
-//! instance type has, the link of its network interface, and its counters, turned into
-//! rates over a window (`rates.rs`) and judged (`checks.rs`). Each poll sends the complete
-//! set of findings ([`Observation::Poll`]) with the devices for `status` and metrics.
+//! Every poll reads each device's sysfs (`sysfs.rs`): how many there are against what this
+//! launch has, the link of its network interface, and its counters, turned into rates over
+//! a window (`rates.rs`) and judged (`checks.rs`). Each poll sends that poll's findings
+//! ([`Observation::Poll`]) with the devices for `status` and metrics; the core confirms a
+//! fatal one and clears a fault a whole window after its last sighting
+//! (`core/health/condition.rs`).
 //!
-//! A fault clears on evidence, not at the first good poll: a finding is reported until a
-//! whole window has passed without it (a link back up and the rates under the limits for a
-//! window), or at a new boot, or on `clear`. No EFA device on this host: the source is off
-//! with the reason, and looks again every poll (devices may initialise late).
+//! How many devices there should be: `[efa] expected_devices` where set, else as many as
+//! this boot had once the start-up grace ended (raised when more appear; kept across agent
+//! restarts in the state directory). Only a decrease is a fault: a launch template may
+//! attach fewer EFA interfaces than the instance type allows, and the type's maximum alone
+//! condemns nothing. No EFA device on this host: the source is off with the reason, and
+//! looks again every poll (devices may initialise late).
 //!
 //! [`Observation::Poll`]: crate::model::Observation::Poll
 
@@ -24,7 +28,7 @@ use tokio::sync::mpsc;
 pub use checks::Thresholds;
 
 use crate::model::{
-    Component, EfaDevice, FaultCode, FaultReport, Inventory, Observation, SourceKind, SourceState,
+    Component, EfaDevice, FaultReport, Inventory, Observation, SourceKind, SourceState,
 };
 use crate::shutdown::Shutdown;
 
@@ -37,14 +41,24 @@ pub struct Settings {
     pub procfs_root: PathBuf,
     /// Poll period.
     pub poll_interval: Duration,
-    /// The window rates are taken over, and a fault outlives its evidence by.
+    /// The window rates are taken over.
     pub window: Duration,
     /// From boot, how long missing devices are not judged (late initialisation).
     pub startup_grace: Duration,
-    /// `[efa] expected_devices` (0: from the instance type).
+    /// `[efa] expected_devices` (0: as many as this boot had once the grace ended).
     pub expected_devices: u32,
     /// Rate limits.
     pub thresholds: Thresholds,
+    /// Where this boot's device count is kept across restarts
+    /// (`<state_dir>/efa-baseline.json`), and this boot's id; `None`: in memory only.
+    pub baseline: Option<(PathBuf, String)>,
+}
+
+/// The device count on disk: how many EFA devices this boot had once the grace ended.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct SavedBaseline {
+    boot_id: String,
+    devices: u32,
 }
 
 /// A poller that remembers counters and recent findings between polls.
@@ -54,8 +68,8 @@ pub struct Poller {
     devices: sysfs::Devices,
     rates: rates::Rates,
     grace_ends: SystemTime,
-    /// Each finding's latest sighting: reported until a window passes without it.
-    recent: BTreeMap<(Component, FaultCode), (Instant, checks::Finding)>,
+    /// How many devices this boot had once the grace ended (the most seen since).
+    baseline: Option<u32>,
     /// The source's state as last reported.
     state: Option<SourceState>,
 }
@@ -64,13 +78,61 @@ impl Poller {
     /// A poller for `settings`.
     pub fn new(settings: Settings) -> Self {
         let boot = crate::host::boot_time(&settings.procfs_root).unwrap_or_else(SystemTime::now);
+        let baseline = settings.baseline.as_ref().and_then(|(path, boot_id)| {
+            std::fs::read(path)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<SavedBaseline>(&b).ok())
+                .filter(|s| s.boot_id == *boot_id)
+                .map(|s| s.devices)
+        });
+        if let Some(devices) = baseline {
+            tracing::info!(devices, "EFA device count of this boot restored.");
+        }
         Self {
             devices: sysfs::Devices::new(&settings.sysfs_root),
             rates: rates::Rates::new(settings.window),
             grace_ends: boot + settings.startup_grace,
-            recent: BTreeMap::new(),
+            baseline,
             state: None,
             settings,
+        }
+    }
+
+    /// How many devices there should be, and from where; the baseline is taken (or raised)
+    /// from `have` once `settled`.
+    fn expected(&mut self, have: u32, settled: bool) -> Option<(u32, String)> {
+        if self.settings.expected_devices > 0 {
+            return Some((
+                self.settings.expected_devices,
+                "[efa] expected_devices".into(),
+            ));
+        }
+        if settled && self.baseline.is_none_or(|b| have > b) {
+            if self.baseline.is_none() {
+                let allowed = crate::host::instance_types::efa_maximum(&self.settings.sysfs_root);
+                tracing::info!(devices = have, type_allows = ?allowed, "EFA devices of this launch counted: fewer from now on is a fault.");
+            }
+            self.baseline = Some(have);
+            self.save_baseline(have);
+        }
+        self.baseline.map(|b| {
+            (
+                b,
+                "as many as this boot had after the start-up grace".into(),
+            )
+        })
+    }
+
+    fn save_baseline(&self, devices: u32) {
+        let Some((path, boot_id)) = &self.settings.baseline else {
+            return;
+        };
+        let saved = SavedBaseline {
+            boot_id: boot_id.clone(),
+            devices,
+        };
+        if let Err(e) = crate::fsutil::write_json(path, &saved, None) {
+            tracing::warn!(error = %e, "Cannot keep the EFA device count; a restart counts again.");
         }
     }
 
@@ -80,7 +142,7 @@ impl Poller {
         let root = &self.settings.sysfs_root;
         let found = self.devices.read();
         let mut out = Vec::new();
-        let state = if found.is_empty() && self.recent.is_empty() {
+        let state = if found.is_empty() && self.baseline.is_none_or(|b| b == 0) {
             SourceState::Off(format!(
                 "no EFA device (vendor 0x1d0f, driver efa) under {}",
                 root.join("class/infiniband").display()
@@ -131,26 +193,19 @@ impl Poller {
                 holders: Vec::new(),
             });
         }
-        let expected =
-            crate::host::instance_types::expected_efa(self.settings.expected_devices, root);
         let settled = SystemTime::now() >= self.grace_ends;
-        for f in checks::evaluate(&seen, expected.as_ref(), settled, &self.settings.thresholds) {
-            self.recent.insert((f.component, f.code), (now, f));
-        }
-        let window = self.settings.window;
-        self.recent
-            .retain(|_, (at, _)| now.saturating_duration_since(*at) <= window);
+        let have = u32::try_from(seen.len()).unwrap_or(u32::MAX);
+        let expected = self.expected(have, settled);
         let at = SystemTime::now();
-        let faults = self
-            .recent
-            .values()
-            .map(|(_, f)| FaultReport {
+        let faults = checks::evaluate(&seen, expected.as_ref(), settled, &self.settings.thresholds)
+            .into_iter()
+            .map(|f| FaultReport {
                 component: f.component,
                 code: f.code,
-                class: f.class.clone(),
+                class: f.class,
                 source: SourceKind::Efa,
                 at,
-                detail: f.detail.clone(),
+                detail: f.detail,
                 cursor: None,
                 drill: false,
             })
@@ -201,6 +256,7 @@ pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::FaultCode;
 
     fn settings(root: &std::path::Path) -> Settings {
         Settings {
@@ -215,6 +271,7 @@ mod tests {
                 errors_fatal: 600.0,
                 retrans_warning: 60_000.0,
             },
+            baseline: None,
         }
     }
 
@@ -229,7 +286,7 @@ mod tests {
     }
 
     #[test]
-    fn off_without_devices_and_a_fault_outlives_its_evidence_by_a_window() {
+    fn off_without_devices_then_each_poll_reports_what_it_sees() {
         let root = tempfile::tempdir().expect("tempdir");
         let mut p = Poller::new(settings(root.path()));
         let start = Instant::now();
@@ -241,7 +298,7 @@ mod tests {
         sysfs::fake::device(root.path(), "rdmap0s0", "0000:10:00.0", 0).expect("device");
         let counter = root
             .path()
-            .join("class/infiniband/rdmap0s0/ports/1/hw_counters/rx_drops");
+            .join("class/infiniband/rdmap0s0/ports/1/hw_counters/rdma_write_wr_err");
         let second = p.poll(start + Duration::from_secs(1));
         assert!(matches!(
             second[0],
@@ -251,17 +308,44 @@ mod tests {
         sysfs::fake::device(root.path(), "rdmap1s0", "0000:11:00.0", 0).expect("device");
         std::fs::write(&counter, "700\n").expect("counter");
         let burst = faults(&p.poll(start + Duration::from_secs(2)));
-        assert!(burst.contains(&FaultCode::EfaErrors), "{burst:?}");
-        // The counter stops rising, the missing device is there: each fault stays until a
-        // whole window has passed without its evidence, then clears.
+        assert_eq!(burst, [FaultCode::EfaErrors]);
+        // The rise stays in the window's rate until it leaves it; how long the fault
+        // outlives it is the core's rule, not the source's.
         let later = faults(&p.poll(start + Duration::from_secs(40)));
-        assert_eq!(later, [FaultCode::EfaErrors, FaultCode::EfaMissing]);
-        let later = faults(&p.poll(start + Duration::from_secs(90)));
-        assert_eq!(
-            later,
-            [FaultCode::EfaErrors],
-            "the rise left the window at 62 s"
-        );
-        assert!(faults(&p.poll(start + Duration::from_secs(101))).is_empty());
+        assert_eq!(later, [FaultCode::EfaErrors]);
+        assert!(faults(&p.poll(start + Duration::from_secs(90))).is_empty());
+    }
+
+    #[test]
+    fn without_a_configured_count_only_fewer_than_this_boot_had_is_a_fault() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let saved = root.path().join("efa-baseline.json");
+        let settings = Settings {
+            expected_devices: 0,
+            baseline: Some((saved.clone(), "boot-1".into())),
+            ..settings(root.path())
+        };
+        // A p5 launched with 2 EFA interfaces of the 32 its type allows: healthy.
+        let dmi = root.path().join("class/dmi/id");
+        std::fs::create_dir_all(&dmi).expect("dmi");
+        std::fs::write(dmi.join("product_name"), "p5.48xlarge\n").expect("type");
+        for (i, pci) in ["0000:10:00.0", "0000:11:00.0"].iter().enumerate() {
+            sysfs::fake::device(root.path(), &format!("rdmap{i}s0"), pci, 0).expect("device");
+        }
+        let start = Instant::now();
+        let mut p = Poller::new(settings.clone());
+        assert!(faults(&p.poll(start)).is_empty(), "2 of the type's 32");
+        // One goes: a fault, also after a restart of the agent in the same boot.
+        std::fs::remove_dir_all(root.path().join("class/infiniband/rdmap1s0")).expect("rm");
+        let found = p.poll(start + Duration::from_secs(1));
+        assert_eq!(faults(&found), [FaultCode::EfaMissing]);
+        let mut again = Poller::new(settings.clone());
+        assert_eq!(faults(&again.poll(start)), [FaultCode::EfaMissing]);
+        // Another boot counts afresh.
+        let mut next_boot = Poller::new(Settings {
+            baseline: Some((saved, "boot-2".into())),
+            ..settings
+        });
+        assert!(faults(&next_boot.poll(start)).is_empty());
     }
 }

@@ -4,7 +4,15 @@
 //!
 //! The IB port's `state` of an EFA reads ACTIVE whatever the link does, so it is not read:
 //! the link is the `carrier` (else `operstate`) of the device's network interface
-//! (`device/net/*`), where it has one.
+//! (`device/net/*`), where it has one, and only while that interface is administratively up
+//! (`flags` has `IFF_UP`): one left down on purpose is not watched.
+//!
+//! On EC2 the `efa` driver binds the EFA PCI function (device ids `0xefa0`-`0xefa3`) as an
+//! RDMA device alone: it registers no network interface, so a real EFA function has no
+//! `device/net` child and its link is not judged here (the ENA interface of the same ENI is
+//! another PCI function, the `ena` driver's). The link check covers adapters that do have an
+//! interface under the same function; on EC2 the evidence is the device count, the admin
+//! queue, the error counters and the driver's own kernel-log lines.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -40,6 +48,7 @@ pub struct Found {
 fn port_counters() -> impl Iterator<Item = &'static str> {
     super::checks::ERROR_COUNTERS
         .iter()
+        .chain(super::checks::REMOTE_COUNTERS)
         .copied()
         .chain([super::checks::RETRANS])
 }
@@ -67,8 +76,8 @@ struct Open {
     found: Found,
     /// Counter name and its file (one per port for port counters).
     counters: Vec<(&'static str, File)>,
-    /// The first interface's `carrier` and `operstate`.
-    link: Option<(File, File)>,
+    /// The first interface's `carrier`, `operstate` and `flags`.
+    link: Option<(File, File, Option<File>)>,
 }
 
 /// The EFA devices, opened once: their fixed attributes are read when the set of devices
@@ -126,18 +135,32 @@ impl Devices {
                     _ => self.stale = true,
                 }
             }
-            found.link_up = device.link.as_ref().and_then(|(carrier, operstate)| {
-                match reread(carrier).as_deref() {
-                    Ok("1") => Some(true),
-                    Ok("0") => Some(false),
-                    // `carrier` of an interface that is administratively down fails (EINVAL).
-                    _ => reread(operstate).ok().map(|s| s == "up"),
-                }
-            });
+            found.link_up = device
+                .link
+                .as_ref()
+                .and_then(|(carrier, operstate, flags)| {
+                    if !admin_up(flags.as_ref().and_then(|f| reread(f).ok()).as_deref()) {
+                        return None;
+                    }
+                    match reread(carrier).as_deref() {
+                        Ok("1") => Some(true),
+                        Ok("0") => Some(false),
+                        _ => reread(operstate).ok().map(|s| s == "up"),
+                    }
+                });
             out.push(found);
         }
         out
     }
+}
+
+/// `IFF_UP` in an interface's `flags` (`0x1003`): administratively up. Unreadable: taken as
+/// up (the carrier then says).
+fn admin_up(flags: Option<&str>) -> bool {
+    const IFF_UP: u32 = 0x1;
+    flags
+        .and_then(|f| u32::from_str_radix(f.trim_start_matches("0x"), 16).ok())
+        .is_none_or(|f| f & IFF_UP != 0)
 }
 
 fn open(dir: &Path, sysfs_root: &Path, gpus: &[crate::host::PciDevice]) -> Option<Open> {
@@ -169,6 +192,7 @@ fn open(dir: &Path, sysfs_root: &Path, gpus: &[crate::host::PciDevice]) -> Optio
         Some((
             File::open(path.join("carrier")).ok()?,
             File::open(path.join("operstate")).ok()?,
+            File::open(path.join("flags")).ok(),
         ))
     });
     let mut counters = Vec::new();
@@ -303,5 +327,13 @@ mod tests {
         assert_eq!(found[0].counters.get("rx_drops"), Some(&7));
         assert_eq!(found[0].counters.get("no_completion_cmds"), Some(&0));
         assert_eq!(found[1].link_up, None, "EFA-only: no interface");
+
+        // Administratively down (no IFF_UP): not watched, whatever the carrier says.
+        std::fs::write(net.join("flags"), "0x1002\n").expect("flags");
+        let found = Devices::new(root.path()).read();
+        assert_eq!(found[0].link_up, None, "admin down");
+        std::fs::write(net.join("flags"), "0x1003\n").expect("flags");
+        let found = Devices::new(root.path()).read();
+        assert_eq!(found[0].link_up, Some(false), "up without carrier");
     }
 }
