@@ -81,6 +81,9 @@ pub struct State {
     pub rules_forbidden: bool,
     /// Rules ever deleted (names), in order.
     pub deleted_rules: Vec<String>,
+    /// Delay before answering a DeviceTaintRule write (POST, PATCH): an admission webhook
+    /// or an etcd that is slow.
+    pub rule_write_delay: Duration,
 }
 
 /// A running test API server.
@@ -123,6 +126,7 @@ impl KubeApi {
             rules: BTreeMap::new(),
             rules_forbidden: false,
             deleted_rules: Vec::new(),
+            rule_write_delay: Duration::ZERO,
         }));
         Self::serve(state, "127.0.0.1:0".parse().expect("addr"))
     }
@@ -312,6 +316,55 @@ impl KubeApi {
         self.state.lock().expect("state").rules_forbidden = forbidden;
     }
 
+    /// Answer DeviceTaintRule writes only after `delay`.
+    pub fn delay_rule_writes(&self, delay: Duration) {
+        self.state.lock().expect("state").rule_write_delay = delay;
+    }
+
+    /// Delete rule `name` as an operator or a cleanup job would (`kubectl delete`).
+    pub fn delete_rule(&self, name: &str) {
+        let mut s = self.state.lock().expect("state");
+        s.rules.remove(name);
+        s.deleted_rules.push(name.to_string());
+    }
+
+    /// Set `node`'s `spec.providerID` (`aws:///<zone>/<instance id>`).
+    pub fn set_provider_id(&self, node: &str, provider_id: &str) {
+        let mut s = self.state.lock().expect("state");
+        let node = s.nodes.get_mut(node).expect("node");
+        node["spec"]["providerID"] = json!(provider_id);
+    }
+
+    /// Delete `node` and create it again under the same name with a new uid and
+    /// `provider_id`, as a replaced EKS node whose private IP is recycled: the garbage
+    /// collector then deletes every object the old Node owned (`ownerReferences` naming its
+    /// uid), DeviceTaintRules included, as the real one does in the background.
+    pub fn recreate_node(&self, node: &str, uid: &str, provider_id: &str) {
+        let mut s = self.state.lock().expect("state");
+        let old = s.nodes.get_mut(node).expect("node");
+        let old_uid = old["metadata"]["uid"].clone();
+        old["metadata"]["uid"] = json!(uid);
+        old["spec"] = json!({ "providerID": provider_id });
+        old["status"]["conditions"]
+            .as_array_mut()
+            .expect("conditions")
+            .retain(|c| c["type"] == "Ready");
+        let owned: Vec<String> = s
+            .rules
+            .iter()
+            .filter(|(_, r)| {
+                r["metadata"]["ownerReferences"]
+                    .as_array()
+                    .is_some_and(|o| o.iter().any(|o| o["uid"] == old_uid))
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in owned {
+            s.rules.remove(&name);
+            s.deleted_rules.push(name);
+        }
+    }
+
     /// The stored DeviceTaintRules.
     pub fn rules(&self) -> Vec<Value> {
         self.state
@@ -484,6 +537,13 @@ async fn handle(req: Request<Incoming>, state: Arc<Mutex<State>>) -> Response<Fu
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     if let ["apis", "resource.k8s.io", ..] = parts.as_slice() {
         if mode == Mode::Normal {
+            let write_delay = state.lock().expect("state").rule_write_delay;
+            if matches!(method.as_str(), "POST" | "PATCH")
+                && parts.get(3) == Some(&"devicetaintrules")
+                && !write_delay.is_zero()
+            {
+                tokio::time::sleep(write_delay).await;
+            }
             let mut s = state.lock().expect("state");
             return dra(&mut s, &method, &parts[2..], &query, &content_type, &body);
         }

@@ -84,7 +84,7 @@ fn rule(pool: &str, device: Option<&str>, driver: &str) -> Value {
     }
     json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
-        "metadata": { "name": format!("gpu-agent.{pool}.gpu-3") },
+        "metadata": { "name": format!("gpu-agent.{pool}.{}", device.unwrap_or("gpu-3")) },
         "spec": { "deviceSelector": selector, "taint": { "key": "gpu-agent.io/gpu-fault", "effect": "NoSchedule" } }
     })
 }
@@ -129,6 +129,29 @@ fn a_node_touches_only_rules_of_its_own_devices() {
     ));
     // No selector at all: the evaluation fails, and so does the request.
     assert!(!admitted(a, "CREATE", &json!({ "spec": {} }), &null));
+    // Its own pool and device, under another node's rule name: squatting refused.
+    let mut squat = rule("ip-10-0-9-9.ec2.internal", Some("gpu-3"), "gpu.nvidia.com");
+    squat["metadata"]["name"] = json!("gpu-agent.ip-10-0-1-2.ec2.internal.gpu-3");
+    assert!(
+        !admitted(b, "CREATE", &squat, &null),
+        "a rule name of another node"
+    );
+    let mut renamed = own.clone();
+    renamed["metadata"]["name"] = json!("gpu-agent.ip-10-0-1-2.ec2.internal.gpu-4");
+    assert!(
+        !admitted(a, "CREATE", &renamed, &null),
+        "a name that is not the device's"
+    );
+    // A name past 253 characters is hashed under gpu-agent.: admitted in its own pool.
+    let long = "n".repeat(245);
+    let mut hashed = rule(&long, Some("gpu-3"), "gpu.nvidia.com");
+    hashed["metadata"]["name"] = json!("gpu-agent.0123456789abcdef");
+    assert!(admitted(
+        &format!("system:node:{long}"),
+        "CREATE",
+        &hashed,
+        &null
+    ));
     // An admin (not a node identity) is not matched.
     assert!(admitted(
         "kubernetes-admin",

@@ -402,3 +402,109 @@ fn a_restart_with_a_fenced_gpu_keeps_the_node_condition_true() {
     assert_eq!(fences(&api), gpu3("NoSchedule"));
     assert!(agent.stop().success());
 }
+
+/// Review 2026-12-07, M1: a fence hides nothing it has not confirmed. While the server has
+/// not yet taken the rule (its writes slow), a new fatal Xid is the node's; once the rule is
+/// there, the node is ready again. A rule deleted behind the agent's back while the fault
+/// stands is written again at the next refresh.
+#[test]
+fn a_fault_is_hidden_only_behind_a_rule_on_the_server_and_a_deleted_rule_is_written_again() {
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    api.serve_taint_rules(&["v1"]);
+    api.set_provider_id(NODE, "aws:///us-west-2a/i-0aaaaaaaaaaaaaaa1");
+    publish(&api, &host);
+    let agent = host.start_with_nvml(&NvmlScenario::healthy(), &config(&api, &host, ""));
+    wait(Duration::from_secs(5), "fencing on, node True", || {
+        agent.sink("device-taints")["state"] == "on" && hw(&api).0 == "True"
+    });
+    api.delay_rule_writes(Duration::from_secs(2));
+    xids(&[(3, 48)]).gpu(3, "recovery_action = 1").write(&host);
+    wait(
+        Duration::from_secs(3),
+        "the node condition carries the unfenced fault",
+        || hw(&api).0 == "False",
+    );
+    wait(Duration::from_secs(15), "GPU 3 fenced, node True", || {
+        fences(&api) == gpu3("NoSchedule") && hw(&api).0 == "True"
+    });
+    api.delay_rule_writes(Duration::ZERO);
+    // Owned by its Node and naming its instance.
+    for rule in api.rules() {
+        assert_eq!(
+            rule["metadata"]["ownerReferences"][0]["kind"], "Node",
+            "{rule}"
+        );
+        assert_eq!(
+            rule["metadata"]["ownerReferences"][0]["uid"], "uid-0",
+            "{rule}"
+        );
+        assert_eq!(
+            rule["metadata"]["labels"]["gpu-agent.io/instance"], "i-0aaaaaaaaaaaaaaa1",
+            "{rule}"
+        );
+    }
+
+    // Deleted on the server: the fault still stands, so the rule is written again.
+    let name = format!("gpu-agent.{NODE}.gpu-3");
+    api.delete_rule(&name);
+    wait(Duration::from_secs(5), "the rule written again", || {
+        fences(&api) == gpu3("NoSchedule")
+    });
+    assert_eq!(hw(&api).0, "True");
+    assert!(agent.stop().success());
+}
+
+/// Review 2026-12-07, M2: fences die with their node. The Node replaced under the same
+/// (recycled) name: the garbage collector removes the rules the old Node owned, and a rule
+/// of another instance left under the name (written where garbage collection did not
+/// reach it) is deleted by the agent at its start; the new node's healthy GPU is not fenced.
+#[test]
+fn a_node_recreated_under_the_same_name_inherits_no_fence() {
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    api.serve_taint_rules(&["v1"]);
+    api.set_provider_id(NODE, "aws:///us-west-2a/i-0aaaaaaaaaaaaaaa1");
+    publish(&api, &host);
+    let scenario = xids(&[(3, 48)]).gpu(3, "recovery_action = 1");
+    let agent = host.start_with_nvml(&scenario, &config(&api, &host, ""));
+    wait(Duration::from_secs(5), "GPU 3 fenced", || {
+        fences(&api) == gpu3("NoSchedule")
+    });
+    assert!(agent.stop().success());
+
+    // Replaced: the GC takes the owned rules with the old Node.
+    api.recreate_node(NODE, "uid-new", "aws:///us-west-2a/i-0bbbbbbbbbbbbbbb2");
+    assert!(api.rules().is_empty(), "garbage-collected with the Node");
+
+    // A rule of the old instance that outlived it (no owner: written by hand or before
+    // owners), NoExecute on GPU 5 of the new, healthy node.
+    let stale = format!("gpu-agent.{NODE}.gpu-5");
+    api.state.lock().expect("state").rules.insert(
+        stale.clone(),
+        serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+            "metadata": { "name": stale, "labels": {
+                "app.kubernetes.io/managed-by": "gpu-agent",
+                "gpu-agent.io/instance": "i-0aaaaaaaaaaaaaaa1" } },
+            "spec": { "deviceSelector": { "driver": "gpu.nvidia.com", "pool": NODE, "device": "gpu-5" },
+                "taint": { "key": "gpu-agent.io/gpu-fault", "value": "NvidiaXID48Error", "effect": "NoExecute" } }
+        }),
+    );
+    // The new instance's agent, with a fresh state directory (a new machine) and no NVML
+    // answer (the driver not loaded yet): no evidence about GPU 5 at all, and the stale
+    // rule goes all the same.
+    let fresh = Host::new();
+    let agent =
+        gpu_agent_e2e::Agent::start(&fresh.config(&config(&api, &fresh, "")), &fresh.socket());
+    wait(Duration::from_secs(3), "the stale rule deleted", || {
+        api.rules().is_empty()
+    });
+    assert!(api
+        .state
+        .lock()
+        .expect("state")
+        .deleted_rules
+        .contains(&stale));
+    assert!(agent.stop().success());
+}

@@ -84,10 +84,16 @@ impl Fencing {
         self.fences.iter().find(|f| f.uuid == uuid)
     }
 
-    /// Can GPU `uuid`'s confined faults be fenced instead of condemning the node: the driver
-    /// publishes it and its rules did not fail.
+    /// Does a fence keep work off GPU `uuid`, so its fatal confined faults need not condemn
+    /// the node: the driver publishes it and its rules are on the server (written or read
+    /// back by the device-taints sink, not failed since) at `NoSchedule` or stronger. No
+    /// fence yet, a fence still at `None`, or one that failed: the node condition carries
+    /// the faults.
     pub fn covers(&self, uuid: &str) -> bool {
-        self.gpus.iter().any(|g| g == uuid) && self.fence(uuid).is_none_or(|f| f.failed.is_none())
+        self.gpus.iter().any(|g| g == uuid)
+            && self
+                .fence(uuid)
+                .is_some_and(|f| f.failed.is_none() && f.effect >= TaintEffect::NoSchedule)
     }
 }
 

@@ -347,8 +347,8 @@ impl HealthSnapshot {
     }
 
     /// Is `fault` answered by fencing its GPU alone (so the node condition leaves it out)?
-    /// Only a fault confined to one GPU, on a GPU the DRA driver publishes, whose rules were
-    /// not refused.
+    /// Only a fault confined to one GPU, on a GPU the DRA driver publishes, whose rules are
+    /// confirmed on the server at `NoSchedule` or stronger ([`super::Fencing::covers`]).
     pub fn fenced_instead(&self, fault: &Fault) -> bool {
         fault.confined_to_gpu()
             && self

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::model::{HealthSnapshot, Severity, TaintEffect, TAINT_KEY};
-use crate::sinks::kubernetes::dra::{SliceDevice, DRIVER, GROUP};
+use crate::sinks::kubernetes::dra::{NodeOwner, SliceDevice, DRIVER, GROUP, INSTANCE_LABEL};
 
 /// The annotation naming the GPU (UUID) a rule fences.
 pub const GPU_ANNOTATION: &str = "gpu-agent.io/gpu-uuid";
@@ -115,26 +115,41 @@ pub fn taint_value(reason: &str) -> String {
         .to_string()
 }
 
-/// The DeviceTaintRule fencing `device` of this node's pool for GPU `uuid`.
+/// The rule's metadata that ties it to this node: this agent's label, the instance's, and
+/// the Node as its owner, so garbage collection removes it with the Node.
+fn owned_metadata(owner: &NodeOwner) -> serde_json::Value {
+    let mut labels = serde_json::json!({ "app.kubernetes.io/managed-by": "gpu-agent" });
+    if let Some(instance) = &owner.instance {
+        labels[INSTANCE_LABEL] = serde_json::json!(instance);
+    }
+    serde_json::json!({
+        "labels": labels,
+        "ownerReferences": [{
+            "apiVersion": "v1", "kind": "Node", "name": owner.name, "uid": owner.uid,
+        }],
+    })
+}
+
+/// The DeviceTaintRule fencing `device` of `owner`'s pool for GPU `uuid`.
 pub fn rule(
     version: &str,
-    node: &str,
+    owner: &NodeOwner,
     device: &str,
     uuid: &str,
     effect: TaintEffect,
     want: &Want,
 ) -> serde_json::Value {
+    let node = &owner.name;
+    let mut metadata = owned_metadata(owner);
+    metadata["name"] = serde_json::json!(rule_name(node, device));
+    metadata["annotations"] = serde_json::json!({
+        GPU_ANNOTATION: uuid,
+        FAULTS_ANNOTATION: want.faults.join(", "),
+    });
     serde_json::json!({
         "apiVersion": format!("{GROUP}/{version}"),
         "kind": "DeviceTaintRule",
-        "metadata": {
-            "name": rule_name(node, device),
-            "labels": { "app.kubernetes.io/managed-by": "gpu-agent" },
-            "annotations": {
-                GPU_ANNOTATION: uuid,
-                FAULTS_ANNOTATION: want.faults.join(", "),
-            },
-        },
+        "metadata": metadata,
         "spec": {
             "deviceSelector": { "driver": DRIVER, "pool": node, "device": device },
             "taint": { "key": TAINT_KEY, "value": taint_value(&want.reason), "effect": effect.name() },
@@ -143,13 +158,13 @@ pub fn rule(
 }
 
 /// The merge patch that moves rule of GPU `uuid` to `effect` and `want`'s value and faults
-/// (and marks it this agent's, should another writer have left it unmarked).
-pub fn patch(uuid: &str, effect: TaintEffect, want: &Want) -> serde_json::Value {
+/// (and marks it this agent's and this Node's, should it have been written without).
+pub fn patch(owner: &NodeOwner, uuid: &str, effect: TaintEffect, want: &Want) -> serde_json::Value {
+    let mut metadata = owned_metadata(owner);
+    metadata["annotations"] =
+        serde_json::json!({ GPU_ANNOTATION: uuid, FAULTS_ANNOTATION: want.faults.join(", ") });
     serde_json::json!({
-        "metadata": {
-            "labels": { "app.kubernetes.io/managed-by": "gpu-agent" },
-            "annotations": { GPU_ANNOTATION: uuid, FAULTS_ANNOTATION: want.faults.join(", ") },
-        },
+        "metadata": metadata,
         "spec": { "taint": { "key": TAINT_KEY, "value": taint_value(&want.reason), "effect": effect.name() } },
     })
 }
@@ -207,8 +222,23 @@ mod tests {
             reason: "NvidiaXID48Error".into(),
             faults: vec!["Xid 48 (reset-gpu)".into()],
         };
-        let r = rule("v1", "node-a", "gpu-3", "GPU-a", want.effect, &want);
+        let owner = NodeOwner {
+            name: "node-a".into(),
+            uid: "uid-a".into(),
+            instance: Some("i-0abc".into()),
+        };
+        let r = rule("v1", &owner, "gpu-3", "GPU-a", want.effect, &want);
         assert_eq!(r["apiVersion"], "resource.k8s.io/v1");
+        assert_eq!(
+            r["metadata"]["ownerReferences"],
+            serde_json::json!([{ "apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "uid-a" }]),
+            "garbage-collected with its Node"
+        );
+        assert_eq!(r["metadata"]["labels"][INSTANCE_LABEL], "i-0abc");
+        assert_eq!(
+            patch(&owner, "GPU-a", want.effect, &want)["metadata"]["ownerReferences"][0]["uid"],
+            "uid-a"
+        );
         assert_eq!(
             r["spec"]["deviceSelector"],
             serde_json::json!({ "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-3" })

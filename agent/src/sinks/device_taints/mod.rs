@@ -2,8 +2,20 @@
 //! NVIDIA DRA driver publishes this node's GPUs (ResourceSlices of driver `gpu.nvidia.com`,
 //! pool = this node) and the API server serves `DeviceTaintRule` (found by discovery:
 //! `resource.k8s.io/v1`, else `v1beta2`), a fault confined to one GPU becomes a rule on
-//! that GPU and its MIG devices; the node condition leaves it out (see
-//! [`crate::model::HealthSnapshot::fenced_instead`]).
+//! that GPU and its MIG devices; the node condition leaves it out only once the rule is on
+//! the server at `NoSchedule` or stronger (see
+//! [`crate::model::HealthSnapshot::fenced_instead`]): until then, and after any failure,
+//! the node condition carries it.
+//!
+//! - **Owned by the Node**: each rule has the Node (name and uid) as its owner, so garbage
+//!   collection removes it with the Node, and names the instance (label
+//!   `gpu-agent.io/instance`, from the Node's `providerID`). EKS node names are recycled
+//!   private IPs: a rule found under this name of another Node uid or instance is an
+//!   earlier node's, and is deleted.
+//! - **Read again every refresh**: this node's rules are listed every `refresh`; a rule
+//!   deleted behind the agent's back while its GPU's fault stands is written again (and
+//!   logged): the fault, not the rule, is the truth. An operator releases a GPU with
+//!   `gpu-agent clear`, which ends the fault.
 //!
 //! - **The ladder** ([`ladder::wanted`]): a warning `None`, a fatal fault `NoSchedule`,
 //!   `NoExecute` by config or once the fault's checkpoint has settled. A rule's effect
@@ -30,7 +42,7 @@ use tokio::sync::{mpsc, watch};
 
 pub use ladder::{wanted, Want};
 
-use super::kubernetes::dra::{SliceDevice, DRIVER};
+use super::kubernetes::dra::{NodeOwner, SliceDevice, StoredRule, DRIVER};
 use super::kubernetes::{ApiError, DraApi, Link};
 use crate::model::{
     Fencing, GpuFence, HealthSnapshot, Observation, SinkStatus, SourceState, TaintEffect,
@@ -79,8 +91,13 @@ struct Fencer {
     /// The driver's devices for this node, and when they were read.
     devices: Vec<SliceDevice>,
     devices_at: Option<Instant>,
+    /// This node's Node object (its rules' owner); `None` until read.
+    owner: Option<NodeOwner>,
     /// This agent's rules for this node, by name; `None` until read from the server.
     applied: Option<BTreeMap<String, Applied>>,
+    /// When they were last read from the server (read again every refresh: a rule deleted
+    /// behind the agent's back is written again).
+    applied_at: Option<Instant>,
     /// GPUs (by UUID) whose rules the server refused in the last pass.
     failed: BTreeMap<String, Failed>,
 }
@@ -103,9 +120,70 @@ impl Fencer {
             discovered_at: None,
             devices: Vec::new(),
             devices_at: None,
+            owner: None,
             applied: None,
+            applied_at: None,
             failed: BTreeMap::new(),
         }
+    }
+
+    /// Is `rule`, found under this node's name, another Node's (one deleted and created
+    /// again under the recycled name) or another instance's?
+    fn of_another_node(rule: &StoredRule, owner: &NodeOwner) -> bool {
+        rule.owner_uid.as_ref().is_some_and(|uid| *uid != owner.uid)
+            || rule
+                .instance
+                .as_ref()
+                .zip(owner.instance.as_ref())
+                .is_some_and(|(theirs, ours)| theirs != ours)
+    }
+
+    /// Read this node's rules from the server again: a rule of an earlier Node or instance
+    /// under this name is deleted (it fences a GPU of hardware gone), and one this agent
+    /// wrote that is no longer there is noticed (and written again by the pass).
+    async fn read_rules(
+        &mut self,
+        api: &DraApi,
+        version: &str,
+        owner: &NodeOwner,
+        now: Instant,
+    ) -> Result<(), ApiError> {
+        let mut mine = Vec::new();
+        for r in api.my_rules(version).await? {
+            if Self::of_another_node(&r, owner) {
+                api.delete(version, &r.name).await?;
+                tracing::warn!(rule = %r.name, device = %r.device, owner_uid = ?r.owner_uid, instance = ?r.instance, "DeviceTaintRule of an earlier node under this name deleted.");
+                continue;
+            }
+            mine.push(r);
+        }
+        let read: BTreeMap<String, Applied> = mine
+            .into_iter()
+            .map(|r| {
+                let applied = Applied {
+                    uuid: r
+                        .annotations
+                        .get(ladder::GPU_ANNOTATION)
+                        .cloned()
+                        .unwrap_or_default(),
+                    device: r.device,
+                    effect: TaintEffect::parse(&r.effect),
+                    value: r.value,
+                };
+                (r.name, applied)
+            })
+            .collect();
+        for (name, gone) in self
+            .applied
+            .iter()
+            .flatten()
+            .filter(|(name, _)| !read.contains_key(*name))
+        {
+            tracing::warn!(rule = %name, gpu = %gone.uuid, device = %gone.device, "A DeviceTaintRule of this agent was deleted on the server; the GPU's fault still stands, so it is written again.");
+        }
+        self.applied = Some(read);
+        self.applied_at = Some(now);
+        Ok(())
     }
 
     fn stale(&self, at: Option<Instant>, now: Instant) -> bool {
@@ -172,25 +250,16 @@ impl Fencer {
                 }
             }
         }
-        if self.applied.is_none() {
-            let mine = api.my_rules(version).await?;
-            self.applied = Some(
-                mine.into_iter()
-                    .map(|r| {
-                        let applied = Applied {
-                            uuid: r
-                                .annotations
-                                .get(ladder::GPU_ANNOTATION)
-                                .cloned()
-                                .unwrap_or_default(),
-                            device: r.device,
-                            effect: TaintEffect::parse(&r.effect),
-                            value: r.value,
-                        };
-                        (r.name, applied)
-                    })
-                    .collect(),
-            );
+        let owner = match &self.owner {
+            Some(owner) => owner.clone(),
+            None => {
+                let owner = api.owner().await?;
+                self.owner = Some(owner.clone());
+                owner
+            }
+        };
+        if self.applied.is_none() || self.stale(self.applied_at, now) {
+            self.read_rules(&api, version, &owner, now).await?;
         }
         if self.devices.is_empty() && self.applied.as_ref().is_none_or(BTreeMap::is_empty) {
             return Ok(Pass::Off(format!(
@@ -216,7 +285,7 @@ impl Fencer {
                 .map(str::to_string)
                 .collect();
             for device in devices {
-                if let Err(e) = self.fence(&api, version, &device, uuid, want).await {
+                if let Err(e) = self.fence(&api, version, &owner, &device, uuid, want).await {
                     tracing::warn!(gpu = %uuid, %device, error = %e, "Cannot fence the GPU on its own; the node condition carries its faults.");
                     failed.insert(
                         uuid.clone(),
@@ -265,12 +334,12 @@ impl Fencer {
         &mut self,
         api: &DraApi,
         version: &str,
+        owner: &NodeOwner,
         device: &str,
         uuid: &str,
         want: &Want,
     ) -> Result<(), ApiError> {
-        let node = api.node().to_string();
-        let name = ladder::rule_name(&node, device);
+        let name = ladder::rule_name(&owner.name, device);
         let value = ladder::taint_value(&want.reason);
         let current = self.applied.as_ref().and_then(|a| a.get(&name)).cloned();
         let mut effect = current
@@ -282,10 +351,10 @@ impl Fencer {
         {
             return Ok(());
         }
-        let rule = |effect| ladder::rule(version, &node, device, uuid, effect, want);
+        let rule = |effect| ladder::rule(version, owner, device, uuid, effect, want);
         if current.is_some() {
             match api
-                .patch(version, &name, &ladder::patch(uuid, effect, want))
+                .patch(version, &name, &ladder::patch(owner, uuid, effect, want))
                 .await
             {
                 // Deleted behind our back: write it again.
@@ -298,7 +367,7 @@ impl Fencer {
                     // Already there (written before a restart): never lower what it holds.
                     let stored = api.get(version, &name).await?;
                     effect = effect.max(TaintEffect::parse(&stored.effect));
-                    api.patch(version, &name, &ladder::patch(uuid, effect, want))
+                    api.patch(version, &name, &ladder::patch(owner, uuid, effect, want))
                         .await?;
                 }
                 other => other?,

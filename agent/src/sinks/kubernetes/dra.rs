@@ -48,7 +48,26 @@ pub struct StoredRule {
     pub value: String,
     /// Its annotations.
     pub annotations: std::collections::BTreeMap<String, String>,
+    /// The uid of the Node that owns it (`metadata.ownerReferences`), if one does.
+    pub owner_uid: Option<String>,
+    /// The instance it was written for (label [`INSTANCE_LABEL`]), if it says.
+    pub instance: Option<String>,
 }
+
+/// The Node a rule belongs to: garbage collection removes the rule with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeOwner {
+    /// The Node's name.
+    pub name: String,
+    /// Its uid: a Node deleted and created again under the same name (EKS names are
+    /// recycled private IPs) has another.
+    pub uid: String,
+    /// The instance id from its `spec.providerID` (`aws:///us-west-2a/i-0abc...`), if set.
+    pub instance: Option<String>,
+}
+
+/// The label naming the instance a rule was written for.
+pub const INSTANCE_LABEL: &str = "gpu-agent.io/instance";
 
 impl StoredRule {
     fn of(object: &DynamicObject) -> Self {
@@ -61,6 +80,19 @@ impl StoredRule {
             effect: text(&spec["taint"]["effect"]),
             value: text(&spec["taint"]["value"]),
             annotations: object.metadata.annotations.clone().unwrap_or_default(),
+            owner_uid: object
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .find(|o| o.kind == "Node" && o.api_version == "v1")
+                .map(|o| o.uid.clone()),
+            instance: object
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(INSTANCE_LABEL))
+                .cloned(),
         }
     }
 }
@@ -172,6 +204,27 @@ impl DraApi {
             .collect())
     }
 
+    /// This node's Node object: its uid and instance id, what its rules are owned by.
+    pub async fn owner(&self) -> Result<NodeOwner, ApiError> {
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
+        let node = timed(
+            self.timeout,
+            "GET",
+            format!("nodes/{}", self.node),
+            nodes.get(&self.node),
+        )
+        .await?;
+        let instance = node
+            .spec
+            .and_then(|s| s.provider_id)
+            .and_then(|p| instance_of(&p));
+        Ok(NodeOwner {
+            name: self.node.clone(),
+            uid: node.metadata.uid.unwrap_or_default(),
+            instance,
+        })
+    }
+
     /// This agent's rules for this node (label `app.kubernetes.io/managed-by=gpu-agent`,
     /// selector pool = this node).
     pub async fn my_rules(&self, version: &str) -> Result<Vec<StoredRule>, ApiError> {
@@ -259,5 +312,30 @@ impl DraApi {
     }
 }
 
+/// The instance id in a Node's `spec.providerID` (`aws:///us-west-2a/i-0abc`: the last
+/// segment, where it is an instance id).
+pub fn instance_of(provider_id: &str) -> Option<String> {
+    provider_id
+        .rsplit('/')
+        .next()
+        .filter(|id| id.starts_with("i-") && id.len() > 2)
+        .map(str::to_string)
+}
+
 /// The label every rule this agent writes carries.
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by=gpu-agent";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_instance_id_is_the_last_segment_of_an_aws_provider_id() {
+        assert_eq!(
+            instance_of("aws:///us-west-2a/i-0123456789abcdef0").as_deref(),
+            Some("i-0123456789abcdef0")
+        );
+        assert_eq!(instance_of("kind://docker/kind/kind-worker"), None);
+        assert_eq!(instance_of(""), None);
+    }
+}
