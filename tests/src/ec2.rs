@@ -1,7 +1,7 @@
-//! A test EC2 API endpoint for the two query actions the agent calls, answering in EC2's XML:
-//! requests must be SigV4-signed form posts; `DescribeInstances` and
-//! `DescribeCapacityReservations` answer from the state; a denied action answers 403
-//! `UnauthorizedOperation` in EC2's error shape.
+//! A test EC2 API endpoint for the three query actions the agent calls, answering in EC2's
+//! XML: requests must be SigV4-signed form posts; `DescribeInstances`,
+//! `DescribeCapacityReservations` and `DescribeCapacityBlocks` answer from the state; a
+//! denied action answers 403 `UnauthorizedOperation` in EC2's error shape.
 
 use std::sync::{Arc, Mutex};
 
@@ -18,6 +18,9 @@ pub struct Ec2State {
     pub reservation_id: Option<String>,
     /// The reservation's type (`capacity-block` or `default`) and `EndDate` (RFC 3339).
     pub reservation: Option<(String, String)>,
+    /// The reservation's Capacity Block id, and its `UltraserverType` where it is an
+    /// UltraServer block (`u-p6e-gb200x72`).
+    pub capacity_block: Option<(String, Option<String>)>,
     /// Actions answered with `UnauthorizedOperation`.
     pub denied: Vec<String>,
     /// Actions whose requests are read and never answered (an endpoint that hangs).
@@ -130,12 +133,26 @@ async fn handle(
             let id = param("CapacityReservationId.1").unwrap_or_default();
             let item = match (&s.reservation_id, &s.reservation) {
                 (Some(cr), Some((kind, end))) if *cr == id => format!(
-                    "<item><capacityReservationId>{cr}</capacityReservationId><instanceType>p5.48xlarge</instanceType><reservationType>{kind}</reservationType><endDate>{end}</endDate><state>active</state></item>"
+                    "<item><capacityReservationId>{cr}</capacityReservationId><instanceType>p5.48xlarge</instanceType><reservationType>{kind}</reservationType><endDate>{end}</endDate><state>active</state>{}</item>",
+                    s.capacity_block.as_ref().map_or(String::new(), |(block, _)| format!("<capacityBlockId>{block}</capacityBlockId>"))
                 ),
                 _ => String::new(),
             };
             respond(200, "text/xml;charset=UTF-8", format!(
                 "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<DescribeCapacityReservationsResponse xmlns=\"{NS}\"><requestId>2e8a-example</requestId><capacityReservationSet>{item}</capacityReservationSet></DescribeCapacityReservationsResponse>"
+            ))
+        }
+        "DescribeCapacityBlocks" => {
+            let id = param("CapacityBlockId.1").unwrap_or_default();
+            let item = match (&s.capacity_block, &s.reservation_id, &s.reservation) {
+                (Some((block, ultraserver)), Some(cr), Some((_, end))) if *block == id => format!(
+                    "<item><capacityBlockId>{block}</capacityBlockId>{}<availabilityZone>us-west-2a</availabilityZone><capacityReservationIdSet><item>{cr}</item></capacityReservationIdSet><endDate>{end}</endDate><state>active</state></item>",
+                    ultraserver.as_ref().map_or(String::new(), |u| format!("<ultraserverType>{u}</ultraserverType>"))
+                ),
+                _ => String::new(),
+            };
+            respond(200, "text/xml;charset=UTF-8", format!(
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<DescribeCapacityBlocksResponse xmlns=\"{NS}\"><requestId>7c1a-example</requestId><capacityBlockSet>{item}</capacityBlockSet></DescribeCapacityBlocksResponse>"
             ))
         }
         other => error(

@@ -360,6 +360,100 @@ fn only_the_topmost_process_of_a_forked_trainer_is_signalled() {
     assert!(agent.stop().success());
 }
 
+/// EC2 starts terminating an UltraServer Capacity Block's instances 60 minutes before its
+/// end (an instance block's 30): the block's kind comes from DescribeCapacityBlocks
+/// (`UltraserverType`), and the signal fires at end - 60 min - lead, with the notice saying
+/// which rule applied. Without the DescribeCapacityBlocks permission the earlier rule is
+/// taken, and the notice says why.
+#[test]
+fn an_ultraserver_capacity_block_is_signalled_before_end_minus_60_minutes() {
+    use gpu_agent_e2e::ec2::FakeEc2;
+    let host = Host::new();
+    let imds = FakeImds::start();
+    let ec2 = FakeEc2::start();
+    let gpu = gpu_device(host.dir.path(), "nvidia3");
+    let handler = Trainer::start(host.dir.path(), "handler", "usr1", Some(&gpu), &[]);
+    // An hour and 8 s to the end: with a 2 s lead, due 6 s from now (an instance block's
+    // rule would wait another half hour).
+    let end = SystemTime::now() + Duration::from_secs(60 * 60 + 8);
+    {
+        let mut s = ec2.state.lock().expect("state");
+        s.reservation_id = Some("cr-0a1b2c3d4e5f67890".into());
+        s.reservation = Some(("capacity-block".into(), rfc3339(end)));
+        s.capacity_block = Some(("cb-0123456789abcdef0".into(), Some("u-p6e-gb200x72".into())));
+    }
+    let extra = format!(
+        "[checkpoint.lead]\ncapacity-block = \"2s\"\n[ec2]\nendpoint = {:?}\npoll_interval = \"1s\"\n",
+        ec2.endpoint(),
+    );
+    let config = config(&host, &imds, &extra);
+    let env = [
+        ("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE"),
+        ("AWS_SECRET_ACCESS_KEY", "secret"),
+        ("AWS_EC2_METADATA_DISABLED", "false"),
+    ];
+    let agent = Agent::start_with_env(&config, &host.socket(), &env);
+    let s = agent.wait_for(Duration::from_secs(10), |s| {
+        s["pending_end"]["kind"] == "capacity-block"
+    });
+    let detail = s["pending_end"]["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        detail.contains("UltraServer Capacity Block cb-0123456789abcdef0 (u-p6e-gb200x72)")
+            && detail.contains("60 minutes before"),
+        "{detail}"
+    );
+    wait(
+        Duration::from_secs(12),
+        "signal at end - 60 min - lead",
+        || handler.signals() == ["SIGUSR1"],
+    );
+    let actions = ec2.state.lock().expect("state").actions.clone();
+    assert!(
+        actions.contains(&"DescribeCapacityBlocks".to_string()),
+        "{actions:?}"
+    );
+    assert!(agent.stop().success());
+
+    // An instance block: 30 minutes. Without the permission: 60, saying why.
+    ec2.state.lock().expect("state").capacity_block = Some(("cb-1".into(), None));
+    let agent = Agent::start_with_env(&config, &host.socket(), &env);
+    let s = agent.wait_for(Duration::from_secs(10), |s| {
+        s["pending_end"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("instance Capacity Block cb-1"))
+    });
+    assert!(
+        s["pending_end"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("30 minutes before")),
+        "{}",
+        s["pending_end"]
+    );
+    assert!(agent.stop().success());
+    ec2.state
+        .lock()
+        .expect("state")
+        .denied
+        .push("DescribeCapacityBlocks".into());
+    let agent = Agent::start_with_env(&config, &host.socket(), &env);
+    let s = agent.wait_for(Duration::from_secs(10), |s| {
+        s["pending_end"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("no ec2:DescribeCapacityBlocks permission"))
+    });
+    assert!(
+        s["pending_end"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("60 minutes before")),
+        "{}",
+        s["pending_end"]
+    );
+    assert!(agent.stop().success());
+}
+
 #[test]
 fn a_capacity_block_end_fires_at_end_minus_30_minutes_minus_lead_and_iam_errors_name_the_action() {
     use gpu_agent_e2e::ec2::FakeEc2;

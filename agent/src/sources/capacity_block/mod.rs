@@ -1,11 +1,18 @@
 //! The Capacity Block source: when this instance runs in an EC2 Capacity Block, its end is
-//! known in advance. EC2 starts terminating instances 30 minutes before the reservation's
-//! `EndDate`, so the notice's deadline is `EndDate - 30 min`.
+//! known in advance. EC2 starts terminating an instance Capacity Block's instances 30 minutes
+//! before the reservation's `EndDate`, and an UltraServer Capacity Block's 60 minutes before
+//! it, so the notice's deadline is `EndDate - 30 min` or `EndDate - 60 min`, and its detail
+//! says which rule applied. (Karpenter drains every block at `EndDate - 40 min`: on an
+//! UltraServer block, after termination has begun.)
 //!
 //! DescribeInstances (this instance) -> `CapacityReservationId` ->
-//! DescribeCapacityReservations -> a `capacity-block` reservation's `EndDate`. Instance id and
-//! region come from IMDS; credentials from the default chain (the instance role). A missing
-//! IAM permission is reported naming the action.
+//! DescribeCapacityReservations -> a `capacity-block` reservation's `EndDate` and
+//! `CapacityBlockId` -> DescribeCapacityBlocks -> its `UltraserverType` (set for an
+//! UltraServer block). Instance id and region come from IMDS; credentials from the default
+//! chain (the instance role). A missing IAM permission is reported naming the action; where
+//! only `ec2:DescribeCapacityBlocks` is missing, the end is known but not the kind of block,
+//! and the earlier termination (60 minutes) is taken, saying so: a checkpoint half an hour
+//! early costs less than one too late.
 
 use std::time::{Duration, SystemTime};
 
@@ -15,8 +22,10 @@ use tokio::sync::mpsc;
 use crate::model::{Notice, NoticeKind, Observation, SourceKind, SourceState};
 use crate::shutdown::Shutdown;
 
-/// EC2 begins terminating a Capacity Block's instances this long before its end.
+/// EC2 begins terminating an instance Capacity Block's instances this long before its end.
 pub const TERMINATION_LEAD: Duration = Duration::from_secs(30 * 60);
+/// ... and an UltraServer Capacity Block's this long before its end.
+pub const ULTRASERVER_TERMINATION_LEAD: Duration = Duration::from_secs(60 * 60);
 
 /// The longest one lookup may take.
 const LOOKUP_LIMIT: Duration = Duration::from_secs(60);
@@ -181,7 +190,14 @@ pub async fn notice_for(
         return Ok(None);
     };
     let end = SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(end.secs()).unwrap_or(0));
-    let deadline = end.checked_sub(TERMINATION_LEAD).unwrap_or(end);
+    let (lead, rule) = match r.capacity_block_id() {
+        Some(block) => termination_rule(client, block).await?,
+        None => (
+            TERMINATION_LEAD,
+            "an instance Capacity Block (no UltraServer block named)".to_string(),
+        ),
+    };
+    let deadline = end.checked_sub(lead).unwrap_or(end);
     Ok(Some(Notice {
         id: format!(
             "capacity-block:{reservation_id}:{}",
@@ -190,11 +206,52 @@ pub async fn notice_for(
         kind: NoticeKind::CapacityBlock,
         deadline,
         detail: format!(
-            "Capacity Block {reservation_id} ends {}; termination starts 30 minutes before",
-            crate::model::time::rfc3339(end)
+            "Capacity Block {reservation_id} ends {}; {rule}: termination starts {} minutes before",
+            crate::model::time::rfc3339(end),
+            lead.as_secs() / 60
         ),
         source: SourceKind::CapacityBlock,
     }))
+}
+
+/// How long before its end EC2 starts terminating the instances of Capacity Block `block`,
+/// and the rule in words: 60 minutes for an UltraServer block (`UltraserverType` set), 30
+/// for an instance block; 60, saying why, where DescribeCapacityBlocks is not permitted.
+async fn termination_rule(
+    client: &aws_sdk_ec2::Client,
+    block: &str,
+) -> Result<(Duration, String), CapacityError> {
+    let answer = client
+        .describe_capacity_blocks()
+        .capacity_block_ids(block)
+        .send()
+        .await
+        .map_err(|e| ec2_error("DescribeCapacityBlocks", e));
+    let blocks = match answer {
+        Ok(blocks) => blocks,
+        Err(CapacityError::Permission { .. }) => {
+            return Ok((
+                ULTRASERVER_TERMINATION_LEAD,
+                format!(
+                    "Capacity Block {block} of unknown kind (no ec2:DescribeCapacityBlocks permission), taken as an UltraServer block"
+                ),
+            ))
+        }
+        Err(e) => return Err(e),
+    };
+    let ultraserver = blocks
+        .capacity_blocks()
+        .iter()
+        .find(|b| b.capacity_block_id() == Some(block))
+        .and_then(|b| b.ultraserver_type())
+        .filter(|t| !t.is_empty());
+    Ok(match ultraserver {
+        Some(kind) => (
+            ULTRASERVER_TERMINATION_LEAD,
+            format!("UltraServer Capacity Block {block} ({kind})"),
+        ),
+        None => (TERMINATION_LEAD, format!("instance Capacity Block {block}")),
+    })
 }
 
 /// Run until shutdown.
