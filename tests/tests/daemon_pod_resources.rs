@@ -285,3 +285,44 @@ fn no_kubelet_is_off_with_the_reason_and_it_comes_back() {
     });
     assert!(agent.stop().success());
 }
+
+/// Review 2026-12-03b L5: a pod Event the API server failed to take is tried again until it
+/// is written, not only at the next change of the node's health (which may never come).
+#[test]
+fn a_pod_event_the_server_refused_is_retried_until_written() {
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    let kubelet = Kubelet::start(&host.kubelet_socket());
+    api.add_pod("retry", "train-r", "uid-r", NODE);
+    kubelet.assign(
+        "retry",
+        "train-r",
+        "trainer",
+        "nvidia.com/gpu",
+        &[&host.gpu_uuid(5)],
+    );
+    let agent = host.start_with_nvml(&NvmlScenario::healthy(), &config(&host, &api));
+    agent.wait_for(Duration::from_secs(10), |s| {
+        s["gpus"][5]["nvml"]["uuid"] == host.gpu_uuid(5).as_str()
+    });
+    api.fail_events_in(Some("retry"));
+    let bdf = host.gpu_bdf(5);
+    inject(&format!(
+        "NVRM: Xid (PCI:{bdf}): 79, pid=1234, name=python, GPU has fallen off the bus."
+    ));
+    wait(Duration::from_secs(10), "a refused pod Event write", || {
+        api.requests()
+            .iter()
+            .any(|r| r.method == "POST" && r.path.contains("/namespaces/retry/events"))
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(events_on(&api, "train-r").is_empty());
+    // The server takes Event writes again; nothing else changes on the node.
+    api.fail_events_in(None);
+    wait(
+        Duration::from_secs(10),
+        "the pod Event written on retry",
+        || !events_on(&api, "train-r").is_empty(),
+    );
+    assert!(agent.stop().success());
+}

@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
@@ -203,6 +203,9 @@ pub async fn run(
         pods: HashMap::new(),
     };
     let mut last_error: Option<String> = None;
+    // A failed post is tried again on a timer, not only at the next change: a fault that
+    // stays the same would otherwise never reach its pods after one API error.
+    let mut retry = Retry::default();
     loop {
         let snapshot = Arc::clone(&snapshots.borrow_and_update());
         // Forget faults that are gone (cleared): a new occurrence is a new Event.
@@ -210,13 +213,19 @@ pub async fn run(
             snapshot.faults.iter().map(fault_key).collect();
         poster.posted.retain(|key, _| live.contains(key));
         let faults = due(&snapshot.faults, &snapshot, &poster.posted, Instant::now());
-        if !faults.is_empty() {
+        if faults.is_empty() {
+            retry.succeeded();
+        } else {
             match poster.post(&faults, &snapshot).await {
-                Ok(()) => last_error = None,
+                Ok(()) => {
+                    last_error = None;
+                    retry.succeeded();
+                }
                 Err(e) => {
-                    // Retried at the next change; logged once per distinct reason.
+                    let after = retry.failed(Instant::now());
+                    // Logged once per distinct reason.
                     if last_error.as_deref() != Some(&e) {
-                        tracing::warn!(error = %e, "Cannot post GPU faults on the pods holding the GPU; retrying at the next change.");
+                        tracing::warn!(error = %e, retry_in = ?after, "Cannot post GPU faults on the pods holding the GPU; retrying.");
                         last_error = Some(e);
                     }
                 }
@@ -224,7 +233,41 @@ pub async fn run(
         }
         tokio::select! {
             changed = snapshots.changed() => if changed.is_err() { return },
+            () = retry.wait() => {}
             () = shutdown.wait() => return,
+        }
+    }
+}
+
+/// When a failed post is tried again: 200 ms after the first failure, doubling to 30 s.
+#[derive(Debug, Default)]
+struct Retry {
+    at: Option<Instant>,
+    backoff: Duration,
+}
+
+impl Retry {
+    const MIN: Duration = Duration::from_millis(200);
+    const MAX: Duration = Duration::from_secs(30);
+
+    /// A post failed at `now`: the next try is due after the returned wait.
+    fn failed(&mut self, now: Instant) -> Duration {
+        self.backoff = (self.backoff * 2).clamp(Self::MIN, Self::MAX);
+        self.at = Some(now + self.backoff);
+        self.backoff
+    }
+
+    /// Nothing is left to post.
+    fn succeeded(&mut self) {
+        self.at = None;
+        self.backoff = Duration::ZERO;
+    }
+
+    /// Until the next try is due; forever when none is.
+    async fn wait(&self) {
+        match self.at {
+            Some(at) => tokio::time::sleep_until(at.into()).await,
+            None => std::future::pending().await,
         }
     }
 }
@@ -260,5 +303,21 @@ mod tests {
             due(&snapshot.faults, &snapshot, &Posted::new(), Instant::now()).len(),
             1
         );
+    }
+
+    #[test]
+    fn a_failed_post_is_retried_sooner_then_later_and_a_success_stops_it() {
+        let now = Instant::now();
+        let mut retry = Retry::default();
+        assert_eq!(retry.failed(now), Duration::from_millis(200));
+        assert_eq!(retry.failed(now), Duration::from_millis(400));
+        for _ in 0..20 {
+            retry.failed(now);
+        }
+        assert_eq!(retry.failed(now), Duration::from_secs(30), "capped");
+        assert_eq!(retry.at, Some(now + Duration::from_secs(30)));
+        retry.succeeded();
+        assert_eq!(retry.at, None);
+        assert_eq!(retry.failed(now), Duration::from_millis(200), "afresh");
     }
 }
