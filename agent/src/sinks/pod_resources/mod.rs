@@ -115,9 +115,11 @@ impl Lookup {
     }
 
     /// What the kubelet has assigned now (or a moment ago: see [`Settings::cache_for`]).
+    /// The cache's lock is held only to read or store the answer, never across the kubelet
+    /// call or the report to the core: a kubelet that is slow to answer (up to the timeout)
+    /// keeps no other caller waiting on the lock, and a cached answer is served meanwhile.
     pub async fn assignments(&self) -> Result<Arc<Assignments>, LookupError> {
-        let mut cached = self.inner.cached.lock().await;
-        if let Some((at, answer)) = cached.as_ref() {
+        if let Some((at, answer)) = self.inner.cached.lock().await.as_ref() {
             if at.elapsed() < self.inner.settings.cache_for {
                 return Ok(Arc::clone(answer));
             }
@@ -128,19 +130,16 @@ impl Lookup {
             Ok(Err(e)) => Err(e),
             Err(_) => Err(LookupError::Timeout(s.timeout)),
         };
+        *self.inner.cached.lock().await = result
+            .as_ref()
+            .ok()
+            .map(|answer| (Instant::now(), Arc::clone(answer)));
         match &result {
-            Ok(answer) => {
-                *cached = Some((Instant::now(), Arc::clone(answer)));
-                self.set_state(SourceState::On).await;
-            }
+            Ok(_) => self.set_state(SourceState::On).await,
             Err(e @ LookupError::NoSocket { .. }) => {
-                *cached = None;
                 self.set_state(SourceState::Off(e.to_string())).await;
             }
-            Err(e) => {
-                *cached = None;
-                self.set_state(SourceState::Failed(e.to_string())).await;
-            }
+            Err(e) => self.set_state(SourceState::Failed(e.to_string())).await,
         }
         result
     }
@@ -376,5 +375,44 @@ mod tests {
         assert_eq!(s.sink, SINK);
         assert!(matches!(&s.state, SourceState::Off(why) if why.contains("kubelet.sock")));
         assert!(rx.try_recv().is_err(), "reported once");
+    }
+
+    /// Review 2026-12-03b L6: the cache's lock is never held across the kubelet's `List`.
+    /// A kubelet that accepts and never answers: while one lookup waits for it, the lock is
+    /// free for every other caller.
+    #[tokio::test]
+    async fn the_cache_lock_is_free_while_the_kubelet_is_asked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("kubelet.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).expect("bind");
+        let hung = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+            }
+        });
+        let (report, _rx) = mpsc::channel(8);
+        let lookup = Lookup::new(
+            Settings {
+                socket,
+                timeout: Duration::from_secs(2),
+                cache_for: Duration::from_secs(1),
+                resource_prefix: "nvidia.com/gpu".into(),
+            },
+            report,
+        );
+        let asking = tokio::spawn({
+            let lookup = lookup.clone();
+            async move { lookup.assignments().await }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!asking.is_finished(), "the kubelet never answers");
+        assert!(
+            lookup.inner.cached.try_lock().is_ok(),
+            "the lock is free while the call waits"
+        );
+        let answer = asking.await.expect("join");
+        assert!(matches!(answer, Err(LookupError::Timeout(_))), "{answer:?}");
+        hung.abort();
     }
 }
