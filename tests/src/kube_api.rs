@@ -84,6 +84,8 @@ pub struct State {
     /// Delay before answering a DeviceTaintRule write (POST, PATCH): an admission webhook
     /// or an etcd that is slow.
     pub rule_write_delay: Duration,
+    /// Event writes in this namespace answer 500 (an etcd hiccup for that namespace).
+    pub failing_events_namespace: Option<String>,
 }
 
 /// A running test API server.
@@ -127,6 +129,7 @@ impl KubeApi {
             rules_forbidden: false,
             deleted_rules: Vec::new(),
             rule_write_delay: Duration::ZERO,
+            failing_events_namespace: None,
         }));
         Self::serve(state, "127.0.0.1:0".parse().expect("addr"))
     }
@@ -314,6 +317,11 @@ impl KubeApi {
     /// Refuse (403) or allow every DeviceTaintRule call.
     pub fn forbid_taint_rules(&self, forbidden: bool) {
         self.state.lock().expect("state").rules_forbidden = forbidden;
+    }
+
+    /// Fail (500) every Event write in `namespace`, or none.
+    pub fn fail_events_in(&self, namespace: Option<&str>) {
+        self.state.lock().expect("state").failing_events_namespace = namespace.map(str::to_string);
     }
 
     /// Answer DeviceTaintRule writes only after `delay`.
@@ -644,6 +652,16 @@ async fn handle(req: Request<Incoming>, state: Arc<Mutex<State>>) -> Response<Fu
                     json!({ "name": name, "kind": "nodes" }),
                 ),
             }
+        }
+        ("POST" | "PATCH" | "PUT", ["api", "v1", "namespaces", ns, "events", ..])
+            if s.failing_events_namespace.as_deref() == Some(*ns) =>
+        {
+            status(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                "Internal error occurred: etcdserver: request timed out".into(),
+                json!({}),
+            )
         }
         ("POST", ["api", "v1", "namespaces", ns, "events"]) => {
             let Some(event) = parsed.filter(|e| {

@@ -31,6 +31,7 @@ pub struct CheckpointMetrics {
     pub(super) confirmed: Family<KindLabels, Counter>,
     pub(super) unconfirmed: Family<KindLabels, Counter>,
     pub(super) confirm_time: Histogram,
+    pub(super) record_save_failures: Counter,
 }
 
 impl CheckpointMetrics {
@@ -44,7 +45,13 @@ impl CheckpointMetrics {
             confirmed: Family::default(),
             unconfirmed: Family::default(),
             confirm_time: Histogram::new([1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0]),
+            record_save_failures: Counter::default(),
         };
+        registry.register(
+            "gpu_agent_checkpoint_record_save_failures",
+            "Saves of the record of signalled notices that failed (a restart may then signal a notice again).",
+            m.record_save_failures.clone(),
+        );
         registry.register(
             "gpu_agent_notices",
             "Notices acted on, by kind.",

@@ -113,7 +113,11 @@ pub async fn run(
     mut shutdown: Shutdown,
 ) {
     let mut record = Record::load(&settings.state_file);
-    let (saves, saver) = spawn_saver(settings.state_file.clone());
+    let (saves, saver) = spawn_saver(
+        settings.state_file.clone(),
+        metrics.record_save_failures.clone(),
+        reports.clone(),
+    );
     let mut first_seen: HashMap<String, Instant> = HashMap::new();
     // A notice file an earlier run left (the agent restarted during an ending) stays while
     // the notice sources take their first polls: the ending may well still be pending.
@@ -260,17 +264,47 @@ const LAST_SAVE: Duration = Duration::from_secs(2);
 /// The record's saver: the latest copy sent is written, one save at a time, on the blocking
 /// pool. Nothing that signals or writes the notice file waits for it, so a slow or hung
 /// state disk (a saturated EBS volume's journal commit) never delays either.
+/// The record's line in `status` (a sink of its own: the record is the checkpoint sink's
+/// memory across restarts).
+pub const RECORD: &str = "checkpoint-record";
+
+/// Save each record handed over, latest first, off the sink's loop. A failed save is
+/// counted (`gpu_agent_checkpoint_record_save_failures`) and shown in `status` as the
+/// record's state, `failed` with the reason, until a save succeeds again.
 fn spawn_saver(
     path: std::path::PathBuf,
+    failures: prometheus_client::metrics::counter::Counter,
+    reports: mpsc::Sender<Observation>,
 ) -> (watch::Sender<Option<Record>>, tokio::task::JoinHandle<()>) {
     let (saves, mut latest) = watch::channel::<Option<Record>>(None);
     let saver = tokio::spawn(async move {
+        let mut failing = false;
         while latest.changed().await.is_ok() {
             let Some(record) = latest.borrow_and_update().clone() else {
                 continue;
             };
             let path = path.clone();
-            let _ = tokio::task::spawn_blocking(move || record.save(&path)).await;
+            let saved = tokio::task::spawn_blocking(move || record.save(&path))
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()));
+            let state = match saved {
+                Ok(()) if !failing => continue,
+                Ok(()) => crate::model::SourceState::On,
+                Err(e) => {
+                    failures.inc();
+                    tracing::warn!(error = %e, "Cannot remember signalled notices; a restart may signal one again.");
+                    crate::model::SourceState::Failed(format!(
+                        "cannot save the record of signalled notices ({e}): a restart may signal a notice again"
+                    ))
+                }
+            };
+            failing = state != crate::model::SourceState::On;
+            let _ = reports
+                .send(Observation::Sink(crate::model::SinkStatus {
+                    sink: RECORD.into(),
+                    state,
+                }))
+                .await;
         }
     });
     (saves, saver)
@@ -305,5 +339,33 @@ mod tests {
             notices[0].id,
             "same fault, same id"
         );
+    }
+
+    /// Review 2026-12-03b L7: a failed save of the record was only logged. It is counted
+    /// and shown as the record's state until a save succeeds again.
+    #[tokio::test]
+    async fn a_failed_record_save_is_surfaced_until_one_succeeds() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let blocker = dir.path().join("state");
+        std::fs::write(&blocker, "a file where the state directory should be").expect("file");
+        let failures = prometheus_client::metrics::counter::Counter::default();
+        let (tx, mut rx) = mpsc::channel(8);
+        let (saves, _saver) = spawn_saver(blocker.join("checkpoint.json"), failures.clone(), tx);
+        let state = |o: Option<Observation>| match o {
+            Some(Observation::Sink(s)) if s.sink == RECORD => s.state,
+            other => panic!("{other:?}"),
+        };
+        saves.send_replace(Some(Record::default()));
+        let failed = state(rx.recv().await);
+        assert!(
+            matches!(&failed, crate::model::SourceState::Failed(why) if why.contains("may signal a notice again")),
+            "{failed:?}"
+        );
+        assert_eq!(failures.get(), 1);
+        std::fs::remove_file(&blocker).expect("rm");
+        std::fs::create_dir(&blocker).expect("dir");
+        saves.send_replace(Some(Record::default()));
+        assert_eq!(state(rx.recv().await), crate::model::SourceState::On);
+        assert_eq!(failures.get(), 1);
     }
 }

@@ -81,11 +81,11 @@ impl Record {
             .unwrap_or_default()
     }
 
-    /// Save to `path` atomically (blocking: call it on the blocking pool).
-    pub fn save(&self, path: &Path) {
-        if let Err(e) = crate::fsutil::write_json(path, self, None) {
-            tracing::warn!(error = %e, "Cannot remember signalled notices; a restart may signal one again.");
-        }
+    /// Save to `path` atomically (blocking: call it on the blocking pool). A failure is the
+    /// caller's to surface (`status`, the metric), since a restart may then signal a notice
+    /// again.
+    pub fn save(&self, path: &Path) -> Result<(), String> {
+        crate::fsutil::write_json(path, self, None).map_err(|e| e.to_string())
     }
 
     /// Was `id` acted on?
@@ -246,7 +246,7 @@ mod tests {
         std::fs::write(&path, r#"{"signalled": ["spot:1"]}"#).expect("write");
         let r = Record::load(&path);
         assert!(r.done("spot:1") && r.last_ending.is_none());
-        r.save(&path);
+        r.save(&path).expect("save");
         assert_eq!(Record::load(&path), r);
     }
 
@@ -262,9 +262,9 @@ mod tests {
             targets: Vec::new(),
         };
         record.remember(&notice("spot-1", NoticeKind::Spot), sent("spot-1"));
-        record.save(&path);
+        record.save(&path).expect("save");
         record.remember(&notice("spot-2", NoticeKind::Spot), sent("spot-2"));
-        record.save(&path);
+        record.save(&path).expect("save");
         std::fs::write(&path, b"{ half").expect("corrupt it");
         let loaded = Record::load(&path);
         assert!(loaded.done("spot-1"), "the backup's notices");
