@@ -35,6 +35,7 @@ fn main() {
             retrans_warning: 60_000.0,
         },
         baseline: None,
+        launch: None,
     });
     let start = Instant::now();
     for i in 0..10 {

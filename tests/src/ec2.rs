@@ -21,6 +21,9 @@ pub struct Ec2State {
     /// The reservation's Capacity Block id, and its `UltraserverType` where it is an
     /// UltraServer block (`u-p6e-gb200x72`).
     pub capacity_block: Option<(String, Option<String>)>,
+    /// The instance's network interfaces of type `efa` (the rest of its interfaces are
+    /// `interface`, ENA only).
+    pub efa_interfaces: u32,
     /// Actions answered with `UnauthorizedOperation`.
     pub denied: Vec<String>,
     /// Actions whose requests are read and never answered (an endpoint that hangs).
@@ -125,6 +128,12 @@ async fn handle(
         "DescribeInstances" => {
             let id = param("InstanceId.1").unwrap_or_default();
             let cr = s.reservation_id.as_ref().map_or(String::new(), |cr| format!("<capacityReservationId>{cr}</capacityReservationId><instanceLifecycle>capacity-block</instanceLifecycle>"));
+            // The primary ENA interface, then the EFA ones, one per network card.
+            let interfaces: String = std::iter::once(("interface", 0))
+                .chain((1..=s.efa_interfaces).map(|card| ("efa", card)))
+                .map(|(kind, card)| format!("<item><networkInterfaceId>eni-{card:017x}</networkInterfaceId><status>in-use</status><interfaceType>{kind}</interfaceType><attachment><deviceIndex>{}</deviceIndex><networkCardIndex>{card}</networkCardIndex><status>attached</status></attachment></item>", u32::from(card > 0)))
+                .collect();
+            let cr = format!("{cr}<networkInterfaceSet>{interfaces}</networkInterfaceSet>");
             respond(200, "text/xml;charset=UTF-8", format!(
                 "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<DescribeInstancesResponse xmlns=\"{NS}\"><requestId>8f7724cf-496f-496e-8fe3-example</requestId><reservationSet><item><reservationId>r-1234567890abcdef0</reservationId><ownerId>123456789012</ownerId><instancesSet><item><instanceId>{id}</instanceId><instanceType>p5.48xlarge</instanceType>{cr}</item></instancesSet></item></reservationSet></DescribeInstancesResponse>"
             ))

@@ -399,3 +399,59 @@ fn the_efa_drivers_admin_timeout_line_is_a_fatal_fault_on_that_device() {
     });
     assert!(agent.stop().success());
 }
+
+/// On EC2 the expected count is what this launch attached, from the EC2 API (network
+/// interfaces of type `efa`): a device already missing when the agent starts is found at
+/// once, which the count seen after the grace could not tell.
+#[test]
+fn the_ec2_apis_efa_interfaces_are_the_expected_count() {
+    use gpu_agent_e2e::ec2::FakeEc2;
+    use gpu_agent_e2e::imds::FakeImds;
+    let host = Host::new();
+    host.set_instance_type("p5.48xlarge");
+    for i in 0..15 {
+        host.add_efa(i, None);
+    }
+    let imds = FakeImds::start();
+    let ec2 = FakeEc2::start();
+    ec2.state.lock().expect("state").efa_interfaces = 16;
+    let api = KubeApi::start(&[NODE]);
+    let config = config(
+        &host,
+        &api,
+        &format!(
+            "startup_grace = \"0s\"\n[imds]\nendpoint = {:?}\n[ec2]\nendpoint = {:?}\npoll_interval = \"1s\"\n",
+            imds.endpoint(),
+            ec2.endpoint()
+        ),
+    );
+    let agent = gpu_agent_e2e::Agent::start_with_env(
+        &config,
+        &host.socket(),
+        &[
+            ("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE"),
+            ("AWS_SECRET_ACCESS_KEY", "secret"),
+            ("AWS_EC2_METADATA_DISABLED", "false"),
+        ],
+    );
+    agent.wait_for(Duration::from_secs(10), |s| {
+        efa_faults(s).contains(&("efa-missing".into(), "fatal".into()))
+    });
+    wait(Duration::from_secs(10), "NetworkingReady False", || {
+        networking(&api) == Some(("False".into(), "EFADeviceMissing".into()))
+    });
+    let message = api.condition(NODE, NET).expect("condition")["message"].clone();
+    assert!(
+        message
+            .as_str()
+            .is_some_and(|m| m.contains("15 of 16") && m.contains("EC2 API")),
+        "{message}"
+    );
+    assert!(ec2
+        .state
+        .lock()
+        .expect("state")
+        .actions
+        .contains(&"DescribeInstances".to_string()));
+    assert!(agent.stop().success());
+}

@@ -167,6 +167,7 @@ impl HostFacts {
                 retrans_warning: e.retrans_warning_per_minute,
             },
             baseline: None,
+            launch: None,
         }
     }
 

@@ -100,6 +100,22 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
             config.state_dir.join("efa-baseline.json"),
             host.boot_id.clone(),
         ));
+        #[cfg(feature = "clients")]
+        if config.ec2.enabled {
+            // What this launch attached, from the EC2 API (on EC2 only).
+            let (count, launch) = tokio::sync::watch::channel(None);
+            settings.launch = Some(launch);
+            tokio::spawn(crate::sources::ec2::learn_efa_interfaces(
+                crate::sources::ec2::Settings {
+                    imds_endpoint: Some(config.imds.endpoint.clone()).filter(|e| !e.is_empty()),
+                    ec2_endpoint: Some(config.ec2.endpoint.clone()).filter(|e| !e.is_empty()),
+                    retry_interval: config.ec2.poll_interval.0,
+                    sysfs_root: config.sysfs.root.clone(),
+                },
+                count,
+                shutdown.clone(),
+            ));
+        }
         tokio::spawn(crate::sources::efa::run(
             settings,
             tx.clone(),

@@ -20,9 +20,9 @@ pub struct EfaConfig {
     /// From boot, how long fewer devices than expected are not a fault (EFA devices can
     /// initialise late: seen on p5en).
     pub startup_grace: HumanDuration<0, HOUR>,
-    /// EFA devices this node should have; 0: as many as this boot had once the start-up
-    /// grace ended (only fewer is a fault: the instance type's maximum is not what a launch
-    /// template attaches).
+    /// EFA devices this node should have; 0: this instance's EFA interfaces as the EC2 API
+    /// lists them, else as many as this boot had once the start-up grace ended (only fewer
+    /// is a fault: the instance type's maximum is not what a launch template attaches).
     pub expected_devices: u32,
     /// An error counter (`rdma_read_wr_err`, `rdma_write_wr_err`, `retrans_timeout_events`,
     /// and the peer's or receiver's `rx_drops`, `unresponsive_remote_events`,

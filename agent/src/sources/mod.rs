@@ -7,6 +7,8 @@
 pub mod capacity_block;
 #[cfg(feature = "clients")]
 mod dbus;
+#[cfg(feature = "clients")]
+pub mod ec2;
 pub mod efa;
 pub mod imds;
 #[cfg(feature = "clients")]

@@ -16,9 +16,9 @@
 
 use std::time::{Duration, SystemTime};
 
-use aws_sdk_ec2::error::ProvideErrorMetadata;
 use tokio::sync::mpsc;
 
+use super::ec2::{api_error, Ec2Error};
 use crate::model::{Notice, NoticeKind, Observation, SourceKind, SourceState};
 use crate::shutdown::Shutdown;
 
@@ -28,7 +28,7 @@ pub const TERMINATION_LEAD: Duration = Duration::from_secs(30 * 60);
 pub const ULTRASERVER_TERMINATION_LEAD: Duration = Duration::from_secs(60 * 60);
 
 /// The longest one lookup may take.
-const LOOKUP_LIMIT: Duration = Duration::from_secs(60);
+pub(super) const LOOKUP_LIMIT: Duration = Duration::from_secs(60);
 
 /// What the source needs.
 #[derive(Debug, Clone)]
@@ -43,110 +43,13 @@ pub struct Settings {
     pub sysfs_root: std::path::PathBuf,
 }
 
-/// Why the end could not be learned.
-#[derive(Debug, thiserror::Error)]
-pub enum CapacityError {
-    /// IMDS did not give the instance id or region.
-    #[error("IMDS {what}: {reason}")]
-    Imds {
-        /// What was asked.
-        what: &'static str,
-        /// Why it failed.
-        reason: String,
-    },
-    /// The instance role lacks a permission.
-    #[error("missing IAM permission ec2:{action} ({code}): {message}")]
-    Permission {
-        /// The EC2 action.
-        action: &'static str,
-        /// EC2's error code.
-        code: String,
-        /// EC2's message.
-        message: String,
-    },
-    /// The whole lookup (IMDS, credentials, both EC2 calls) did not finish in time.
-    #[error("no answer within {}: IMDS or the EC2 endpoint is not answering", humantime::format_duration(*.0))]
-    TimedOut(Duration),
-    /// Any other EC2 failure.
-    #[error("ec2:{action}: {reason}")]
-    Ec2 {
-        /// The EC2 action.
-        action: &'static str,
-        /// Why.
-        reason: String,
-    },
-}
-
-fn ec2_error<
-    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-    R: std::fmt::Debug + Send + Sync + 'static,
->(
-    action: &'static str,
-    e: aws_sdk_ec2::error::SdkError<E, R>,
-) -> CapacityError {
-    if let Some(service) = e.as_service_error() {
-        let code = service.code().unwrap_or_default().to_string();
-        let message = service.message().unwrap_or_default().to_string();
-        if code == "UnauthorizedOperation"
-            || code == "AccessDenied"
-            || code.contains("NotAuthorized")
-        {
-            return CapacityError::Permission {
-                action,
-                code,
-                message,
-            };
-        }
-        return CapacityError::Ec2 {
-            action,
-            reason: format!("{code}: {message}"),
-        };
-    }
-    CapacityError::Ec2 {
-        action,
-        reason: format!("{}", aws_sdk_ec2::error::DisplayErrorContext(&e)),
-    }
-}
-
 /// The Capacity Block notice for this instance, if it runs in one.
-pub async fn lookup(settings: &Settings) -> Result<Option<Notice>, CapacityError> {
-    let imds = super::imds::client(settings.imds_endpoint.as_deref()).map_err(|reason| {
-        CapacityError::Imds {
-            what: "client",
-            reason,
-        }
-    })?;
-    let get = |path: &'static str| {
-        let imds = imds.clone();
-        async move {
-            imds.get(format!("/latest/meta-data/{path}"))
-                .await
-                .map(|v| v.as_ref().trim().to_string())
-                .map_err(|e| CapacityError::Imds {
-                    what: path,
-                    reason: e.to_string(),
-                })
-        }
-    };
-    let instance_id = get("instance-id").await?;
-    let region = get("placement/region").await?;
-    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .http_client(super::imds::http_client())
-        .region(aws_config::Region::new(region));
-    if let Some(endpoint) = &settings.ec2_endpoint {
-        loader = loader.endpoint_url(endpoint);
-    }
-    if let Some(endpoint) = &settings.imds_endpoint {
-        // The instance role's credentials come from the same (test) IMDS.
-        let provider = aws_config::imds::credentials::ImdsCredentialsProvider::builder()
-            .imds_client(imds.clone())
-            .build();
-        if std::env::var_os("AWS_ACCESS_KEY_ID").is_none() {
-            loader = loader.credentials_provider(provider);
-        }
-        let _ = endpoint;
-    }
-    let client = aws_sdk_ec2::Client::new(&loader.load().await);
+pub async fn lookup(settings: &Settings) -> Result<Option<Notice>, Ec2Error> {
+    let (client, instance_id) = super::ec2::connect(
+        settings.imds_endpoint.as_deref(),
+        settings.ec2_endpoint.as_deref(),
+    )
+    .await?;
     notice_for(&client, &instance_id).await
 }
 
@@ -155,13 +58,13 @@ pub async fn lookup(settings: &Settings) -> Result<Option<Notice>, CapacityError
 pub async fn notice_for(
     client: &aws_sdk_ec2::Client,
     instance_id: &str,
-) -> Result<Option<Notice>, CapacityError> {
+) -> Result<Option<Notice>, Ec2Error> {
     let instances = client
         .describe_instances()
         .instance_ids(instance_id)
         .send()
         .await
-        .map_err(|e| ec2_error("DescribeInstances", e))?;
+        .map_err(|e| api_error("DescribeInstances", e))?;
     let reservation_id = instances
         .reservations()
         .iter()
@@ -175,7 +78,7 @@ pub async fn notice_for(
         .capacity_reservation_ids(&reservation_id)
         .send()
         .await
-        .map_err(|e| ec2_error("DescribeCapacityReservations", e))?;
+        .map_err(|e| api_error("DescribeCapacityReservations", e))?;
     let Some(r) = reservations
         .capacity_reservations()
         .iter()
@@ -220,16 +123,16 @@ pub async fn notice_for(
 async fn termination_rule(
     client: &aws_sdk_ec2::Client,
     block: &str,
-) -> Result<(Duration, String), CapacityError> {
+) -> Result<(Duration, String), Ec2Error> {
     let answer = client
         .describe_capacity_blocks()
         .capacity_block_ids(block)
         .send()
         .await
-        .map_err(|e| ec2_error("DescribeCapacityBlocks", e));
+        .map_err(|e| api_error("DescribeCapacityBlocks", e));
     let blocks = match answer {
         Ok(blocks) => blocks,
-        Err(CapacityError::Permission { .. }) => {
+        Err(Ec2Error::Permission { .. }) => {
             return Ok((
                 ULTRASERVER_TERMINATION_LEAD,
                 format!(
@@ -271,7 +174,7 @@ pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown
     loop {
         let looked_up = tokio::time::timeout(limit, lookup(&settings))
             .await
-            .unwrap_or(Err(CapacityError::TimedOut(limit)));
+            .unwrap_or(Err(Ec2Error::TimedOut(limit)));
         match looked_up {
             Ok(notice) => {
                 if last_error.take().is_some() || last.is_none() {

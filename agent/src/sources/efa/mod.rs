@@ -6,10 +6,12 @@
 //! fatal one and clears a fault a whole window after its last sighting
 //! (`core/health/condition.rs`).
 //!
-//! How many devices there should be: `[efa] expected_devices` where set, else as many as
-//! this boot had once the start-up grace ended (raised when more appear; kept across agent
-//! restarts in the state directory). Only a decrease is a fault: a launch template may
-//! attach fewer EFA interfaces than the instance type allows, and the type's maximum alone
+//! How many devices there should be: `[efa] expected_devices` where set, else this
+//! instance's EFA interfaces as the EC2 API lists them (network interfaces of type `efa` or
+//! `efa-only`: what this launch attached; learned by `sources/ec2.rs`), else as many as this
+//! boot had once the start-up grace ended (raised when more appear; kept across agent
+//! restarts in the state directory), where only a decrease is a fault. A launch template
+//! may attach fewer EFA interfaces than the instance type allows: the type's maximum alone
 //! condemns nothing. No EFA device on this host: the source is off with the reason, and
 //! looks again every poll (devices may initialise late).
 //!
@@ -52,6 +54,9 @@ pub struct Settings {
     /// Where this boot's device count is kept across restarts
     /// (`<state_dir>/efa-baseline.json`), and this boot's id; `None`: in memory only.
     pub baseline: Option<(PathBuf, String)>,
+    /// This instance's EFA interfaces as EC2 lists them, once known (`None` off EC2 or
+    /// until learned).
+    pub launch: Option<tokio::sync::watch::Receiver<Option<u32>>>,
 }
 
 /// The device count on disk: how many EFA devices this boot had once the grace ended.
@@ -106,6 +111,15 @@ impl Poller {
                 self.settings.expected_devices,
                 "[efa] expected_devices".into(),
             ));
+        }
+        let launched = self
+            .settings
+            .launch
+            .as_ref()
+            .and_then(|l| *l.borrow())
+            .filter(|n| *n > 0);
+        if let Some(n) = launched {
+            return Some((n, "this instance's EFA interfaces (EC2 API)".into()));
         }
         if settled && self.baseline.is_none_or(|b| have > b) {
             if self.baseline.is_none() {
@@ -272,6 +286,7 @@ mod tests {
                 retrans_warning: 60_000.0,
             },
             baseline: None,
+            launch: None,
         }
     }
 
