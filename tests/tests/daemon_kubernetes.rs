@@ -614,6 +614,21 @@ fn an_expired_node_event_is_created_again() {
     assert!(agent.stop().success());
 }
 
+/// A 1 s heartbeat, and IMDS's notices (scheduled events included) polled every 200 ms.
+fn lifecycle_config(
+    host: &Host,
+    api: &KubeApi,
+    imds: &gpu_agent_e2e::imds::FakeImds,
+) -> std::path::PathBuf {
+    host.config(&format!(
+        "node_name = \"{NODE}\"\n[kubernetes]\nkubeconfig = {:?}\nheartbeat_interval = \"1s\"\n\
+         [imds]\nendpoint = {:?}\npoll_interval = \"200ms\"\n\
+         rebalance_interval = \"200ms\"\nscheduled_interval = \"200ms\"\n",
+        api.kubeconfig(host.dir.path()),
+        imds.endpoint()
+    ))
+}
+
 /// Issue 29: the node lifecycle conditions (KEP-5683). A scheduled maintenance three days
 /// ahead sets MaintenancePlanned True at once, with the deadline in the message and in the
 /// annotation (the condition has no time field), and MaintenanceInProgress stays False; one
@@ -629,13 +644,7 @@ fn scheduled_maintenance_is_planned_at_once_in_progress_at_its_act_time_and_clea
     let host = Host::new();
     let imds = FakeImds::start();
     let api = KubeApi::start(&[NODE]);
-    let config = host.config(&format!(
-        "node_name = \"{NODE}\"\n[kubernetes]\nkubeconfig = {:?}\nheartbeat_interval = \"1s\"\n\
-         [imds]\nendpoint = {:?}\npoll_interval = \"200ms\"\n\
-         rebalance_interval = \"200ms\"\nscheduled_interval = \"200ms\"\n",
-        api.kubeconfig(host.dir.path()),
-        imds.endpoint()
-    ));
+    let config = lifecycle_config(&host, &api, &imds);
     let agent = Agent::start(&config, &host.socket());
     let condition = |type_: &str| {
         api.condition(NODE, type_).map(|c| {
@@ -744,13 +753,7 @@ fn another_writers_maintenance_planned_survives_ten_heartbeats() {
     let host = Host::new();
     let imds = FakeImds::start();
     let api = KubeApi::start(&[NODE]);
-    let config = host.config(&format!(
-        "node_name = \"{NODE}\"\n[kubernetes]\nkubeconfig = {:?}\nheartbeat_interval = \"1s\"\n\
-         [imds]\nendpoint = {:?}\npoll_interval = \"200ms\"\n\
-         rebalance_interval = \"200ms\"\nscheduled_interval = \"200ms\"\n",
-        api.kubeconfig(host.dir.path()),
-        imds.endpoint()
-    ));
+    let config = lifecycle_config(&host, &api, &imds);
     let theirs = serde_json::json!({
         "type": "MaintenancePlanned", "status": "True", "reason": "OSPatching",
         "message": "kernel update tonight", "lastHeartbeatTime": "2026-12-01T00:00:00Z",

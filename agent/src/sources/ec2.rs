@@ -116,23 +116,34 @@ pub async fn connect(
     Ok((aws_sdk_ec2::Client::new(&loader.load().await), instance_id))
 }
 
-/// How many EFA interfaces `instance_id` was launched with (network interfaces of type
-/// `efa` or `efa-only`): what this launch attached, not the type's maximum.
-pub async fn efa_interfaces(
+/// `instance_id` as DescribeInstances describes it (`None`: not listed).
+pub async fn describe_instance(
     client: &aws_sdk_ec2::Client,
     instance_id: &str,
-) -> Result<u32, Ec2Error> {
+) -> Result<Option<aws_sdk_ec2::types::Instance>, Ec2Error> {
     let answer = client
         .describe_instances()
         .instance_ids(instance_id)
         .send()
         .await
         .map_err(|e| api_error("DescribeInstances", e))?;
-    let count = answer
+    Ok(answer
         .reservations()
         .iter()
         .flat_map(|r| r.instances())
-        .filter(|i| i.instance_id() == Some(instance_id))
+        .find(|i| i.instance_id().is_none_or(|id| id == instance_id))
+        .cloned())
+}
+
+/// How many EFA interfaces `instance_id` was launched with (network interfaces of type
+/// `efa` or `efa-only`): what this launch attached, not the type's maximum.
+pub async fn efa_interfaces(
+    client: &aws_sdk_ec2::Client,
+    instance_id: &str,
+) -> Result<u32, Ec2Error> {
+    let count = describe_instance(client, instance_id)
+        .await?
+        .iter()
         .flat_map(|i| i.network_interfaces())
         .filter(|n| matches!(n.interface_type(), Some("efa" | "efa-only")))
         .count();

@@ -59,17 +59,9 @@ pub async fn notice_for(
     client: &aws_sdk_ec2::Client,
     instance_id: &str,
 ) -> Result<Option<Notice>, Ec2Error> {
-    let instances = client
-        .describe_instances()
-        .instance_ids(instance_id)
-        .send()
-        .await
-        .map_err(|e| api_error("DescribeInstances", e))?;
-    let reservation_id = instances
-        .reservations()
-        .iter()
-        .flat_map(|r| r.instances())
-        .find_map(|i| i.capacity_reservation_id().map(str::to_string));
+    let reservation_id = super::ec2::describe_instance(client, instance_id)
+        .await?
+        .and_then(|i| i.capacity_reservation_id().map(str::to_string));
     let Some(reservation_id) = reservation_id else {
         return Ok(None);
     };
