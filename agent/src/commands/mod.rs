@@ -5,6 +5,7 @@ pub mod drill;
 pub mod inject;
 pub mod kubelet_config;
 pub mod run;
+mod settings;
 pub mod status;
 pub mod xid;
 

@@ -281,6 +281,36 @@ fn rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
+/// After `delay` (zero: never), hand the program's start-up pages back ([`page_out_program`])
+/// on the blocking pool, and log what was kept locked, or why nothing was handed back.
+pub fn hand_back_after(delay: std::time::Duration) {
+    if delay.is_zero() {
+        return;
+    }
+    tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        match tokio::task::spawn_blocking(page_out_program).await {
+            Ok(Ok(out)) => match out.lock_failed {
+                None => tracing::info!(
+                    rss_before_kib = out.rss_before_kib,
+                    rss_after_kib = out.rss_after_kib,
+                    fault_path_locked_kib = out.kept_kib,
+                    "Start-up pages handed back (unmapped; kept in the page cache); the fault path's code and read-only data stay locked in memory."
+                ),
+                Some(errno) => tracing::warn!(
+                    rss_before_kib = out.rss_before_kib,
+                    rss_after_kib = out.rss_after_kib,
+                    fault_path_mapped_kib = out.kept_kib,
+                    error = %errno,
+                    "Start-up pages handed back; the fault path's code and read-only data could not be locked (LimitMEMLOCK?) and stay mapped only."
+                ),
+            },
+            Ok(Err(e)) => tracing::info!(error = %e, "Start-up pages stay resident."),
+            Err(e) => tracing::warn!(error = %e, "Page-out task failed."),
+        }
+    });
+}
+
 /// Lock the fault path's region and hand the resident pages of the rest of this program's
 /// own mappings back to the kernel.
 pub fn page_out_program() -> Result<PagedOut, ResidentError> {
