@@ -552,3 +552,41 @@ fn nvlink_fabric_registration_names_the_domain_and_faults_where_it_fails() {
     }
     assert!(agent.stop().success());
 }
+
+/// Each GPU's utilisation, as NVML's last sample period saw it, in `status --json` and the
+/// metrics; a GPU (or driver) that does not support the call shows none: unknown, never 0.
+#[test]
+fn utilisation_per_gpu_is_read_and_unknown_where_not_supported() {
+    let host = Host::new();
+    let port = gpu_agent_e2e::free_port();
+    let scenario = NvmlScenario::healthy()
+        .gpu(2, "utilization = { gpu = 97, memory = 41 }")
+        .gpu(5, "not_supported = [\"utilization\"]");
+    let agent = host.start_with_nvml(
+        &scenario,
+        &format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n"),
+    );
+    let s = agent.wait_for(WAIT, |s| {
+        s["gpus"][2]["nvml"]["telemetry"]["utilization_gpu"] == 97
+    });
+    let t = |i: usize| s["gpus"][i]["nvml"]["telemetry"].clone();
+    assert_eq!(t(2)["utilization_memory"], 41);
+    assert_eq!(t(0)["utilization_gpu"], 0, "idle");
+    assert!(
+        t(5)["utilization_gpu"].is_null(),
+        "not supported: unknown, not 0"
+    );
+    let body = gpu_agent_e2e::http_get(port, "/metrics");
+    for line in [
+        r#"gpu_agent_gpu_utilization_percent{gpu="2",which="gpu"} 97"#,
+        r#"gpu_agent_gpu_utilization_percent{gpu="2",which="memory"} 41"#,
+        r#"gpu_agent_gpu_utilization_percent{gpu="0",which="gpu"} 0"#,
+    ] {
+        assert!(body.contains(line), "{line}: {body}");
+    }
+    assert!(
+        !body.contains(r#"gpu_agent_gpu_utilization_percent{gpu="5""#),
+        "{body}"
+    );
+    assert!(agent.stop().success());
+}

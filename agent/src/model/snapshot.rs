@@ -71,6 +71,14 @@ pub struct GpuTelemetry {
     /// driver asked a recovery for.
     #[serde(default)]
     pub recovery_action: Option<u32>,
+    /// Percent of the driver's last sample period (1/6 s to 1 s) a kernel ran on the GPU. A
+    /// resident kernel counts as busy whether it does work or waits: it says the GPU is held
+    /// busy, not that it is productive.
+    #[serde(default)]
+    pub utilization_gpu: Option<u32>,
+    /// Percent of the same period the GPU's memory was read or written.
+    #[serde(default)]
+    pub utilization_memory: Option<u32>,
 }
 
 /// What NVML says a GPU is.

@@ -444,6 +444,22 @@ pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
     })
 }
 
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    device: nvmlDevice_t,
+    utilization: *mut nvmlUtilization_t,
+) -> nvmlReturn_t {
+    with_gpu(device, "utilization", |g| {
+        put(
+            utilization,
+            nvmlUtilization_t {
+                gpu: g.utilization.gpu,
+                memory: g.utilization.memory,
+            },
+        )
+    })
+}
+
 /// `NVML_STRUCT_VERSION(GpuFabricInfo, v)`: the struct's size, with the version in the top byte.
 const fn fabric_info_version(size: usize, version: u32) -> c_uint {
     size as c_uint | (version << 24)

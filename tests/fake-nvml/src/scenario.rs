@@ -64,7 +64,8 @@ pub struct Gpu {
     pub reset_required: bool,
     /// API names that return `NVML_ERROR_NOT_SUPPORTED`: uuid, name, serial, pci_info,
     /// ecc_mode, total_ecc_errors, memory_error_counter, retired_pages_pending,
-    /// remapped_rows, nvlink_state, nvlink_errors, pcie, clock_events, mig, fabric.
+    /// remapped_rows, nvlink_state, nvlink_errors, pcie, clock_events, utilization, mig,
+    /// fabric.
     pub not_supported: Vec<String>,
     /// API names (as for `not_supported`) that fail with `NVML_ERROR_UNKNOWN`: a driver call
     /// failing on this GPU only.
@@ -79,6 +80,9 @@ pub struct Gpu {
     pub pcie: Pcie,
     /// `nvmlClocksEventReasons` bit mask.
     pub clock_event_reasons: u64,
+    /// `nvmlDeviceGetUtilizationRates`: percent of the last sample period a kernel ran
+    /// (`gpu`) and the memory was read or written (`memory`).
+    pub utilization: Utilization,
     /// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` (field 230): the driver's required action (0
     /// none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset); absent: a driver
     /// older than R565 (the field is not supported).
@@ -188,6 +192,14 @@ pub struct Nvlink {
     pub replay: u64,
     pub recovery: u64,
     pub crc: u64,
+}
+
+/// `nvmlUtilization_t`.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Utilization {
+    pub gpu: u32,
+    pub memory: u32,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -170,11 +170,12 @@ fn fenced(encoder: &mut DescriptorEncoder, s: &HealthSnapshot) -> std::fmt::Resu
     )
 }
 
-/// Per-GPU NVML telemetry: ECC, remapped rows, NVLink, PCIe.
+/// Per-GPU NVML telemetry: ECC, remapped rows, NVLink, PCIe, utilisation.
 fn telemetry(encoder: &mut DescriptorEncoder, s: &HealthSnapshot) -> std::fmt::Result {
     use prometheus_client::metrics::MetricType::{Counter, Gauge};
     type Rows = Vec<([(&'static str, String); 2], u64)>;
-    let (mut ecc, mut remap, mut links, mut link_errors, mut gen, mut width): (
+    let (mut ecc, mut remap, mut links, mut link_errors, mut gen, mut width, mut busy): (
+        Rows,
         Rows,
         Rows,
         Rows,
@@ -230,6 +231,13 @@ fn telemetry(encoder: &mut DescriptorEncoder, s: &HealthSnapshot) -> std::fmt::R
         row(&mut gen, "which", "max", t.pcie_gen_max.map(u64::from));
         row(&mut width, "which", "current", t.pcie_width.map(u64::from));
         row(&mut width, "which", "max", t.pcie_width_max.map(u64::from));
+        row(&mut busy, "which", "gpu", t.utilization_gpu.map(u64::from));
+        row(
+            &mut busy,
+            "which",
+            "memory",
+            t.utilization_memory.map(u64::from),
+        );
     }
     family(
         encoder,
@@ -272,6 +280,14 @@ fn telemetry(encoder: &mut DescriptorEncoder, s: &HealthSnapshot) -> std::fmt::R
         "PCIe link width, current and maximum.",
         Gauge,
         &width,
+    )?;
+    family(
+        encoder,
+        "gpu_agent_gpu_utilization_percent",
+        "Percent of NVML's last sample period a kernel ran on the GPU (which=gpu; a kernel \
+         that waits counts too) and its memory was read or written (which=memory).",
+        Gauge,
+        &busy,
     )
 }
 

@@ -78,8 +78,8 @@ pub fn render(s: &HealthSnapshot) -> String {
     }
     let _ = writeln!(
         out,
-        "\n{:<4} {:<14} {:<24} {:<8} {:<11} FAULTS",
-        "GPU", "BUS ID", "NAME", "HEALTH", "FENCE"
+        "\n{:<4} {:<14} {:<24} {:<8} {:<5} {:<11} FAULTS",
+        "GPU", "BUS ID", "NAME", "HEALTH", "UTIL", "FENCE"
     );
     if s.gpus.is_empty() {
         let _ = writeln!(out, "(no NVIDIA GPUs on the PCI bus)");
@@ -103,9 +103,15 @@ pub fn render(s: &HealthSnapshot) -> String {
                 f.effect.name()
             }
         });
+        // NVML's utilisation over its last sample period, or `-`: unknown.
+        let util = g
+            .nvml
+            .as_ref()
+            .and_then(|n| n.telemetry.utilization_gpu)
+            .map_or_else(|| "-".to_string(), |u| format!("{u}%"));
         let _ = writeln!(
             out,
-            "{:<4} {:<14} {:<24} {:<8} {fence:<11} {faults}",
+            "{:<4} {:<14} {:<24} {:<8} {util:<5} {fence:<11} {faults}",
             g.index,
             g.pci.to_string(),
             name,

@@ -531,6 +531,7 @@ mod tests {
                 max_width: 16,
             }),
             clock_events: Ok(0),
+            utilization: Ok((0, 0)),
             recovery_action: Err(Unread::NotSupported),
             mig_uuids: Vec::new(),
             fabric: Err(Unread::NotSupported),

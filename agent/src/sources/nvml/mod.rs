@@ -237,6 +237,8 @@ fn identity(r: &GpuReading) -> GpuIdentity {
             pcie_width: pcie.map(|p| p.width),
             pcie_width_max: pcie.map(|p| p.max_width),
             recovery_action: r.recovery_action.as_ref().ok().copied(),
+            utilization_gpu: r.utilization.as_ref().ok().map(|u| u.0),
+            utilization_memory: r.utilization.as_ref().ok().map(|u| u.1),
         },
     }
 }

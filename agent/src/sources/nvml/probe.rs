@@ -112,6 +112,9 @@ pub struct GpuReading {
     pub pcie: Read<PcieLink>,
     /// Clock-event (throttle) reason bits.
     pub clock_events: Read<u64>,
+    /// Percent of the driver's last sample period a kernel ran on the GPU, and its memory
+    /// was read or written (`nvmlDeviceGetUtilizationRates`).
+    pub utilization: Read<(u32, u32)>,
     /// The driver's own required recovery action (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`,
     /// R565+): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset.
     pub recovery_action: Read<u32>,
@@ -141,6 +144,7 @@ impl GpuReading {
             nvlink: Err(why.clone()),
             pcie: Err(why.clone()),
             clock_events: Err(why.clone()),
+            utilization: Err(why.clone()),
             recovery_action: Err(why.clone()),
             mig_uuids: Vec::new(),
             fabric: Err(why),
@@ -224,6 +228,7 @@ fn read_gpu(nvml: &Nvml, nvml_index: u32, device: &Device<'_>) -> GpuReading {
         nvlink: nvlink(device),
         pcie,
         clock_events: read(device.current_throttle_reasons()).map(|r| r.bits()),
+        utilization: read(device.utilization_rates()).map(|u| (u.gpu, u.memory)),
         recovery_action: recovery_action(device),
         mig_uuids: mig_uuids(device),
         fabric: raw::gpu_fabric_info(nvml, device),
