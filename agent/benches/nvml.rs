@@ -1,6 +1,6 @@
 //! NVML poll cost: one full poll of 8 GPUs (identity, ECC, remapping, 18 NVLinks with three
-//! counters each, PCIe, clock events, and the checks) through the real nvml-wrapper against
-//! the fake library.
+//! counters each, PCIe and its replay counter, clock events, utilisation, SM clocks, power
+//! limits, and the checks) through the real nvml-wrapper against the fake library.
 //!
 //! ```sh
 //! cargo build --release -p fake-nvml

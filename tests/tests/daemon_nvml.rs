@@ -553,15 +553,21 @@ fn nvlink_fabric_registration_names_the_domain_and_faults_where_it_fails() {
     assert!(agent.stop().success());
 }
 
-/// Each GPU's utilisation, as NVML's last sample period saw it, in `status --json` and the
-/// metrics; a GPU (or driver) that does not support the call shows none: unknown, never 0.
+/// Each GPU's utilisation, as NVML's last sample period saw it, and the evidence a slow GPU
+/// leaves (its SM clock against its maximum, its power limit against the default, PCIe
+/// replays), in `status --json` and the metrics; a GPU (or driver) that does not support a
+/// call shows none: unknown, never 0.
 #[test]
-fn utilisation_per_gpu_is_read_and_unknown_where_not_supported() {
+fn utilisation_clocks_and_power_limits_per_gpu_and_unknown_where_not_supported() {
     let host = Host::new();
     let port = gpu_agent_e2e::free_port();
     let scenario = NvmlScenario::healthy()
         .gpu(2, "utilization = { gpu = 97, memory = 41 }")
-        .gpu(5, "not_supported = [\"utilization\"]");
+        .gpu(
+            4,
+            "clocks = { sm = 1100, sm_max = 1980 }\npower = { limit_mw = 400000, default_limit_mw = 700000 }\npcie.replay = 12",
+        )
+        .gpu(5, "not_supported = [\"utilization\", \"clocks\", \"power\"]");
     let agent = host.start_with_nvml(
         &scenario,
         &format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n"),
@@ -588,5 +594,20 @@ fn utilisation_per_gpu_is_read_and_unknown_where_not_supported() {
         !body.contains(r#"gpu_agent_gpu_utilization_percent{gpu="5""#),
         "{body}"
     );
+    assert_eq!(t(4)["sm_clock_mhz"], 1100);
+    assert_eq!(t(4)["sm_clock_max_mhz"], 1980);
+    assert_eq!(t(4)["power_limit_mw"], 400_000);
+    assert_eq!(t(4)["power_limit_default_mw"], 700_000);
+    assert_eq!(t(4)["pcie_replay_errors"], 12);
+    assert!(t(5)["sm_clock_mhz"].is_null() && t(5)["power_limit_mw"].is_null());
+    for line in [
+        r#"gpu_agent_gpu_sm_clock_mhz{gpu="4",which="current"} 1100"#,
+        r#"gpu_agent_gpu_sm_clock_mhz{gpu="4",which="max"} 1980"#,
+        r#"gpu_agent_gpu_power_limit_milliwatts{gpu="4",which="enforced"} 400000"#,
+        r#"gpu_agent_gpu_power_limit_milliwatts{gpu="4",which="default"} 700000"#,
+        r#"gpu_agent_gpu_pcie_replay_errors_total{gpu="4",counter="replay"} 12"#,
+    ] {
+        assert!(body.contains(line), "{line}: {body}");
+    }
     assert!(agent.stop().success());
 }

@@ -79,6 +79,21 @@ pub struct GpuTelemetry {
     /// Percent of the same period the GPU's memory was read or written.
     #[serde(default)]
     pub utilization_memory: Option<u32>,
+    /// The SM clock now, MHz.
+    #[serde(default)]
+    pub sm_clock_mhz: Option<u32>,
+    /// The SM clock's maximum, MHz.
+    #[serde(default)]
+    pub sm_clock_max_mhz: Option<u32>,
+    /// The power limit the driver enforces, mW.
+    #[serde(default)]
+    pub power_limit_mw: Option<u32>,
+    /// The GPU's default power limit, mW (one enforced below it was lowered by someone).
+    #[serde(default)]
+    pub power_limit_default_mw: Option<u32>,
+    /// PCIe link-level retransmissions since the driver loaded (rising: a marginal link).
+    #[serde(default)]
+    pub pcie_replay_errors: Option<u32>,
 }
 
 /// What NVML says a GPU is.

@@ -445,6 +445,54 @@ pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPcieReplayCounter(
+    device: nvmlDevice_t,
+    value: *mut c_uint,
+) -> nvmlReturn_t {
+    with_gpu(device, "pcie_replay", |g| put(value, g.pcie.replay))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
+    device: nvmlDevice_t,
+    clock: nvmlClockType_t,
+    mhz: *mut c_uint,
+) -> nvmlReturn_t {
+    with_gpu(device, "clocks", |g| match clock {
+        nvmlClockType_enum_NVML_CLOCK_SM => put(mhz, g.clocks.sm),
+        _ => NOT_SUPPORTED,
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMaxClockInfo(
+    device: nvmlDevice_t,
+    clock: nvmlClockType_t,
+    mhz: *mut c_uint,
+) -> nvmlReturn_t {
+    with_gpu(device, "clocks", |g| match clock {
+        nvmlClockType_enum_NVML_CLOCK_SM => put(mhz, g.clocks.sm_max),
+        _ => NOT_SUPPORTED,
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetEnforcedPowerLimit(
+    device: nvmlDevice_t,
+    limit: *mut c_uint,
+) -> nvmlReturn_t {
+    with_gpu(device, "power", |g| put(limit, g.power.limit_mw))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPowerManagementDefaultLimit(
+    device: nvmlDevice_t,
+    limit: *mut c_uint,
+) -> nvmlReturn_t {
+    with_gpu(device, "power", |g| put(limit, g.power.default_limit_mw))
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     device: nvmlDevice_t,
     utilization: *mut nvmlUtilization_t,

@@ -64,8 +64,8 @@ pub struct Gpu {
     pub reset_required: bool,
     /// API names that return `NVML_ERROR_NOT_SUPPORTED`: uuid, name, serial, pci_info,
     /// ecc_mode, total_ecc_errors, memory_error_counter, retired_pages_pending,
-    /// remapped_rows, nvlink_state, nvlink_errors, pcie, clock_events, utilization, mig,
-    /// fabric.
+    /// remapped_rows, nvlink_state, nvlink_errors, pcie, pcie_replay, clock_events,
+    /// utilization, clocks, power, mig, fabric.
     pub not_supported: Vec<String>,
     /// API names (as for `not_supported`) that fail with `NVML_ERROR_UNKNOWN`: a driver call
     /// failing on this GPU only.
@@ -83,6 +83,10 @@ pub struct Gpu {
     /// `nvmlDeviceGetUtilizationRates`: percent of the last sample period a kernel ran
     /// (`gpu`) and the memory was read or written (`memory`).
     pub utilization: Utilization,
+    /// The SM clock and its maximum (`clocks` in `not_supported` and friends).
+    pub clocks: Clocks,
+    /// The enforced and default power limits (`power`).
+    pub power: Power,
     /// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` (field 230): the driver's required action (0
     /// none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset); absent: a driver
     /// older than R565 (the field is not supported).
@@ -209,6 +213,8 @@ pub struct Pcie {
     pub width: u32,
     pub max_gen: u32,
     pub max_width: u32,
+    /// `nvmlDeviceGetPcieReplayCounter`: link-level retransmissions since the driver loaded.
+    pub replay: u32,
 }
 
 impl Default for Pcie {
@@ -218,6 +224,43 @@ impl Default for Pcie {
             width: 16,
             max_gen: 5,
             max_width: 16,
+            replay: 0,
+        }
+    }
+}
+
+/// The SM clock, MHz: `nvmlDeviceGetClockInfo` and `nvmlDeviceGetMaxClockInfo` for
+/// `NVML_CLOCK_SM` (an H100 SXM's maximum by default).
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Clocks {
+    pub sm: u32,
+    pub sm_max: u32,
+}
+
+impl Default for Clocks {
+    fn default() -> Self {
+        Self {
+            sm: 1980,
+            sm_max: 1980,
+        }
+    }
+}
+
+/// Power limits, mW: `nvmlDeviceGetEnforcedPowerLimit` and
+/// `nvmlDeviceGetPowerManagementDefaultLimit` (an H100 SXM's 700 W by default).
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Power {
+    pub limit_mw: u32,
+    pub default_limit_mw: u32,
+}
+
+impl Default for Power {
+    fn default() -> Self {
+        Self {
+            limit_mw: 700_000,
+            default_limit_mw: 700_000,
         }
     }
 }

@@ -183,6 +183,7 @@ fn telemetry(encoder: &mut DescriptorEncoder, s: &HealthSnapshot) -> std::fmt::R
         Rows,
         Rows,
     ) = Default::default();
+    let (mut clock, mut power, mut replay): (Rows, Rows, Rows) = Default::default();
     for g in &s.gpus {
         let Some(t) = g.nvml.as_ref().map(|n| &n.telemetry) else {
             continue;
@@ -238,6 +239,36 @@ fn telemetry(encoder: &mut DescriptorEncoder, s: &HealthSnapshot) -> std::fmt::R
             "memory",
             t.utilization_memory.map(u64::from),
         );
+        row(
+            &mut clock,
+            "which",
+            "current",
+            t.sm_clock_mhz.map(u64::from),
+        );
+        row(
+            &mut clock,
+            "which",
+            "max",
+            t.sm_clock_max_mhz.map(u64::from),
+        );
+        row(
+            &mut power,
+            "which",
+            "enforced",
+            t.power_limit_mw.map(u64::from),
+        );
+        row(
+            &mut power,
+            "which",
+            "default",
+            t.power_limit_default_mw.map(u64::from),
+        );
+        row(
+            &mut replay,
+            "counter",
+            "replay",
+            t.pcie_replay_errors.map(u64::from),
+        );
     }
     family(
         encoder,
@@ -288,6 +319,27 @@ fn telemetry(encoder: &mut DescriptorEncoder, s: &HealthSnapshot) -> std::fmt::R
          that waits counts too) and its memory was read or written (which=memory).",
         Gauge,
         &busy,
+    )?;
+    family(
+        encoder,
+        "gpu_agent_gpu_sm_clock_mhz",
+        "The SM clock, now and its maximum, MHz.",
+        Gauge,
+        &clock,
+    )?;
+    family(
+        encoder,
+        "gpu_agent_gpu_power_limit_milliwatts",
+        "The power limit the driver enforces, and the GPU's default one, mW.",
+        Gauge,
+        &power,
+    )?;
+    family(
+        encoder,
+        "gpu_agent_gpu_pcie_replay_errors",
+        "PCIe link-level retransmissions since the driver loaded.",
+        Counter,
+        &replay,
     )
 }
 

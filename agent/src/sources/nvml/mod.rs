@@ -239,6 +239,11 @@ fn identity(r: &GpuReading) -> GpuIdentity {
             recovery_action: r.recovery_action.as_ref().ok().copied(),
             utilization_gpu: r.utilization.as_ref().ok().map(|u| u.0),
             utilization_memory: r.utilization.as_ref().ok().map(|u| u.1),
+            sm_clock_mhz: r.sm_clock.as_ref().ok().map(|c| c.0),
+            sm_clock_max_mhz: r.sm_clock.as_ref().ok().map(|c| c.1),
+            power_limit_mw: r.power_limit.as_ref().ok().map(|p| p.0),
+            power_limit_default_mw: r.power_limit.as_ref().ok().map(|p| p.1),
+            pcie_replay_errors: r.pcie_replay.as_ref().ok().copied(),
         },
     }
 }

@@ -1,7 +1,7 @@
 //! Reading one GPU through nvml-wrapper. Every call is independent: one failing or
 //! unsupported call never stops the others.
 
-use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, MemoryLocation};
+use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, MemoryLocation};
 use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
@@ -115,6 +115,12 @@ pub struct GpuReading {
     /// Percent of the driver's last sample period a kernel ran on the GPU, and its memory
     /// was read or written (`nvmlDeviceGetUtilizationRates`).
     pub utilization: Read<(u32, u32)>,
+    /// The SM clock and its maximum, MHz.
+    pub sm_clock: Read<(u32, u32)>,
+    /// The enforced power limit and the default one, mW (a limit someone lowered).
+    pub power_limit: Read<(u32, u32)>,
+    /// PCIe link-level retransmissions since the driver loaded.
+    pub pcie_replay: Read<u32>,
     /// The driver's own required recovery action (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`,
     /// R565+): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset.
     pub recovery_action: Read<u32>,
@@ -145,6 +151,9 @@ impl GpuReading {
             pcie: Err(why.clone()),
             clock_events: Err(why.clone()),
             utilization: Err(why.clone()),
+            sm_clock: Err(why.clone()),
+            power_limit: Err(why.clone()),
+            pcie_replay: Err(why.clone()),
             recovery_action: Err(why.clone()),
             mig_uuids: Vec::new(),
             fabric: Err(why),
@@ -229,6 +238,11 @@ fn read_gpu(nvml: &Nvml, nvml_index: u32, device: &Device<'_>) -> GpuReading {
         pcie,
         clock_events: read(device.current_throttle_reasons()).map(|r| r.bits()),
         utilization: read(device.utilization_rates()).map(|u| (u.gpu, u.memory)),
+        sm_clock: read(device.clock_info(Clock::SM))
+            .and_then(|now| Ok((now, read(device.max_clock_info(Clock::SM))?))),
+        power_limit: read(device.enforced_power_limit())
+            .and_then(|now| Ok((now, read(device.power_management_limit_default())?))),
+        pcie_replay: read(device.pcie_replay_counter()),
         recovery_action: recovery_action(device),
         mig_uuids: mig_uuids(device),
         fabric: raw::gpu_fabric_info(nvml, device),
