@@ -37,6 +37,7 @@ fn main() {
         procfs_root: dir.path().to_path_buf(),
         nvlink_boot_grace: std::time::Duration::ZERO,
         baseline: None,
+        slow: gpu_agent::sources::nvml::slow::Limits::default(),
     });
     for _ in 0..10 {
         poller.poll(&nvml);

@@ -611,3 +611,68 @@ fn utilisation_clocks_and_power_limits_per_gpu_and_unknown_where_not_supported()
     }
     assert!(agent.stop().success());
 }
+
+/// Slow but not broken, judged only while busy and over polls: a busy GPU under the power
+/// brake and one at 60 % of its busy peers' SM clock are `gpu-slow` (warnings on the GPU;
+/// the node stays healthy); an idle GPU with low clocks and a Gen1 link never is; the power
+/// brake released, the verdict clears.
+#[test]
+fn a_busy_gpu_held_back_is_slow_and_an_idle_one_never() {
+    let host = Host::new();
+    let mut scenario = NvmlScenario::healthy();
+    for i in 0..8 {
+        if i != 6 {
+            scenario = scenario.gpu(i, "utilization = { gpu = 95, memory = 40 }");
+        }
+    }
+    let held = scenario
+        .clone()
+        .gpu(3, "clock_event_reasons = 128")
+        .gpu(1, "clocks = { sm = 1188, sm_max = 1980 }")
+        .gpu(6, "clocks = { sm = 345, sm_max = 1980 }\npcie.gen = 1");
+    let agent = host.start_with_nvml(&held, "");
+    let slow = |s: &Value| -> Vec<(u64, String, String)> {
+        nvml_faults(s, &host)
+            .iter()
+            .filter(|f| f["code"]["type"] == "gpu-slow")
+            .map(|f| {
+                (
+                    f["gpu_index"].as_u64().unwrap_or(99),
+                    f["severity"].as_str().unwrap_or_default().to_string(),
+                    f["detail"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect()
+    };
+    let s = agent.wait_for(WAIT, |s| slow(s).len() == 2);
+    let found = slow(&s);
+    assert_eq!(
+        found
+            .iter()
+            .map(|f| (f.0, f.1.as_str()))
+            .collect::<Vec<_>>(),
+        [(1, "warning"), (3, "warning")],
+        "{found:#?}"
+    );
+    assert!(found[0].2.contains("SM clock 1188 MHz"), "{found:#?}");
+    assert!(found[1].2.contains("power brake"), "{found:#?}");
+    assert!(
+        nvml_faults(&s, &host)
+            .iter()
+            .all(|f| f["severity"] != "fatal"),
+        "a warning, never a fatal: {:#?}",
+        nvml_faults(&s, &host)
+    );
+    // Still never the idle GPU, a second later.
+    std::thread::sleep(Duration::from_secs(1));
+    let s = agent.snapshot().expect("snapshot");
+    assert!(slow(&s).iter().all(|f| f.0 != 6), "{:#?}", slow(&s));
+
+    // The brake released (and the clock back): cleared once a poll shows no evidence and
+    // the hold has passed.
+    scenario
+        .gpu(6, "clocks = { sm = 345, sm_max = 1980 }\npcie.gen = 1")
+        .write(&host);
+    agent.wait_for(WAIT, |s| slow(s).is_empty());
+    assert!(agent.stop().success());
+}

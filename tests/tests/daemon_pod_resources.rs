@@ -326,3 +326,38 @@ fn a_pod_event_the_server_refused_is_retried_until_written() {
     );
     assert!(agent.stop().success());
 }
+
+/// A slow GPU (busy under the power brake) is told to the pod holding it: a Pod Event with
+/// the evidence, a warning that condemns nothing.
+#[test]
+fn the_pod_holding_a_slow_gpu_gets_an_event() {
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    let kubelet = Kubelet::start(&host.kubelet_socket());
+    api.add_pod("slow", "train-s", "uid-s", NODE);
+    kubelet.assign(
+        "slow",
+        "train-s",
+        "trainer",
+        "nvidia.com/gpu",
+        &[&host.gpu_uuid(4)],
+    );
+    let mut scenario = NvmlScenario::healthy();
+    for i in 0..8 {
+        scenario = scenario.gpu(i, "utilization = { gpu = 95, memory = 40 }");
+    }
+    let scenario = scenario.gpu(4, "clock_event_reasons = 128");
+    let agent = host.start_with_nvml(&scenario, &config(&host, &api));
+    wait(Duration::from_secs(10), "the slow GPU's pod Event", || {
+        !events_on(&api, "train-s").is_empty()
+    });
+    let event = events_on(&api, "train-s").remove(0);
+    assert_eq!(event["reason"], "NvidiaGPUSlow");
+    assert_eq!(event["type"], "Warning");
+    let message = event["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("power brake") && message.contains(&host.gpu_uuid(4)),
+        "{message}"
+    );
+    assert!(agent.stop().success());
+}

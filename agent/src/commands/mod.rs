@@ -182,6 +182,11 @@ impl HostFacts {
             procfs_root: config.procfs.root.clone(),
             nvlink_boot_grace: config.nvml.nvlink_boot_grace.0,
             baseline: None,
+            slow: crate::sources::nvml::slow::Limits {
+                busy_percent: config.nvml.busy_percent,
+                polls: config.nvml.slow_after_polls,
+                clock_ratio: config.nvml.slow_clock_ratio,
+            },
         }
     }
 

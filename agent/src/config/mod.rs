@@ -353,6 +353,19 @@ impl Config {
                 "must be at least errors_warning_per_minute",
             ));
         }
+        let n = &self.nvml;
+        if n.busy_percent > 100 {
+            return Err(invalid(
+                "nvml.busy_percent",
+                "must be a percentage, 0 to 100",
+            ));
+        }
+        if !(n.slow_clock_ratio.is_finite() && (0.0..=1.0).contains(&n.slow_clock_ratio)) {
+            return Err(invalid("nvml.slow_clock_ratio", "must be between 0 and 1"));
+        }
+        if n.slow_after_polls == 0 {
+            return Err(invalid("nvml.slow_after_polls", "must be at least 1"));
+        }
         if self.escalate_after_repeats < 2 {
             return Err(invalid(
                 "escalate_after_repeats",

@@ -29,6 +29,16 @@ pub struct NvmlConfig {
     /// goes is one fault, not a node condition that flips each poll (0: at the first clean
     /// poll).
     pub clear_after: HumanDuration<0, DAY>,
+    /// Utilisation (percent) from which a GPU is busy: only a busy GPU is judged slow (an
+    /// idle one clocks down and lowers its PCIe generation to save power).
+    pub busy_percent: u32,
+    /// Busy polls in a row with evidence of being held back (clock events, a lowered
+    /// power limit, a straggling clock, a PCIe link below its best or replaying) before a
+    /// GPU is slow.
+    pub slow_after_polls: u32,
+    /// An SM clock under this share of the median of the node's other busy GPUs is
+    /// evidence of being held back.
+    pub slow_clock_ratio: f64,
 }
 
 impl Default for NvmlConfig {
@@ -40,6 +50,9 @@ impl Default for NvmlConfig {
             expected_gpus: 0,
             nvlink_boot_grace: HumanDuration(std::time::Duration::from_secs(600)),
             clear_after: HumanDuration(std::time::Duration::from_secs(60)),
+            busy_percent: 80,
+            slow_after_polls: 3,
+            slow_clock_ratio: 0.8,
         }
     }
 }

@@ -115,8 +115,13 @@ pub enum FaultCode {
     NvlinkErrors,
     /// The PCIe link trained narrower than the GPU's maximum.
     PcieDegraded,
-    /// Hardware slowdown reported in clock-event reasons.
+    /// Hardware slowdown reported in clock-event reasons (judged by earlier versions; now
+    /// evidence of [`FaultCode::GpuSlow`]: kept so their state files still load).
     ClockSlowdown,
+    /// Slow but not broken: a busy GPU held back (hardware slowdown, thermal or power-brake
+    /// clock events, a lowered power limit, clocks well under its busy peers', a PCIe link
+    /// below its best or replaying), sustained over polls.
+    GpuSlow,
     /// The driver's own required recovery action (NVML, R565+) is not "none".
     RecoveryAction,
     /// Fewer EFA devices than this instance type has, past the start-up grace.
@@ -211,6 +216,7 @@ impl FaultCode {
             Self::NvlinkErrors => "nvlink-errors",
             Self::PcieDegraded => "pcie-degraded",
             Self::ClockSlowdown => "clock-slowdown",
+            Self::GpuSlow => "gpu-slow",
             Self::RecoveryAction => "recovery-action",
             Self::EfaMissing => "efa-missing",
             Self::EfaLinkDown => "efa-link-down",

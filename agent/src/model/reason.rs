@@ -34,6 +34,7 @@ pub fn reason(code: FaultCode, severity: Severity) -> String {
         FaultCode::NvlinkErrors => "NvidiaNVLinkErrorRate".into(),
         FaultCode::PcieDegraded => "NvidiaPCIeError".into(),
         FaultCode::ClockSlowdown => "NvidiaClockSlowdown".into(),
+        FaultCode::GpuSlow => "NvidiaGPUSlow".into(),
         FaultCode::RecoveryAction => "NvidiaGPURecoveryAction".into(),
         FaultCode::EfaMissing => "EFADeviceMissing".into(),
         FaultCode::EfaLinkDown => "EFALinkDown".into(),

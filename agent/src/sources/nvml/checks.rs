@@ -16,7 +16,7 @@
 //! | an NVLink link never up in this boot, past the boot grace | `nvlink-inactive` | warning | none |
 //! | NVLink replay/recovery/CRC counters rising faster than [`NVLINK_ERRORS_PER_MINUTE`] | `nvlink-errors` | warning | none |
 //! | PCIe width below the GPU's maximum | `pcie-degraded` | warning | none |
-//! | hardware slowdown clock-event reasons | `clock-slowdown` | warning | none |
+//! | busy and held back, sustained over polls (see [`super::slow`]) | `gpu-slow` | warning | none |
 //! | the driver's recovery action (R565+): GPU reset / drain and reset | `recovery-action` | fatal | reset-gpu |
 //! | the driver's recovery action: node reboot | `recovery-action` | fatal | reboot |
 //! | the driver's recovery action: drain P2P | `recovery-action` | warning | restart-app |
@@ -33,10 +33,6 @@ use crate::model::{Action, Classification, Component, FaultCode, PciAddress, Sev
 
 /// NVLink error counters rising faster than this (per minute, all links) is a warning.
 pub const NVLINK_ERRORS_PER_MINUTE: f64 = 10.0;
-
-/// `nvmlClocksEventReasons` bits that mean hardware is slowing the GPU: HW slowdown (0x8),
-/// SW thermal (0x20), HW thermal (0x40), HW power brake (0x80).
-const HW_SLOWDOWN_BITS: u64 = 0x08 | 0x20 | 0x40 | 0x80;
 
 /// One fault found by a poll.
 #[derive(Debug, Clone, PartialEq)]
@@ -185,7 +181,10 @@ pub fn partially_read(
                 ],
             ),
             (failed(&r.pcie), &[FaultCode::PcieDegraded]),
-            (failed(&r.clock_events), &[FaultCode::ClockSlowdown]),
+            (
+                failed(&r.utilization) || failed(&r.clock_events),
+                &[FaultCode::GpuSlow],
+            ),
             (failed(&r.recovery_action), &[FaultCode::RecoveryAction]),
             (
                 failed(&r.fabric),
@@ -473,17 +472,33 @@ fn per_gpu(
     {
         push(code, severity, action, name, detail);
     }
-    if let Ok(bits) = r.clock_events {
-        if bits & HW_SLOWDOWN_BITS != 0 {
-            push(
-                FaultCode::ClockSlowdown,
+}
+
+/// The slow verdicts of one poll ([`super::slow`]), as findings on each GPU.
+pub fn judge_slow(
+    readings: &[GpuReading],
+    on_bus: &[PciAddress],
+    slow: &mut super::slow::Slow,
+    limits: &super::slow::Limits,
+) -> Vec<Finding> {
+    let verdicts = slow.judge(readings, limits);
+    addresses(readings, on_bus)
+        .into_iter()
+        .zip(verdicts)
+        .filter_map(|(pci, verdict)| {
+            let evidence = verdict?;
+            let component = pci.map_or(Component::Node, |pci| Component::Gpu { pci });
+            let gpu = pci.map_or_else(|| "GPU".to_string(), |p| format!("GPU {p}"));
+            Some(finding(
+                component,
+                FaultCode::GpuSlow,
                 Severity::Warning,
                 Action::None,
-                "CLOCK_SLOWDOWN",
-                format!("hardware is slowing the clocks (clock-event reasons {bits:#x})"),
-            );
-        }
-    }
+                "GPU_SLOW",
+                format!("{gpu}: slow while busy: {evidence}"),
+            ))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -661,12 +676,11 @@ mod tests {
             codes(&[g], 1, &bus).is_empty(),
             "idle Gen1 is power saving, not a fault"
         );
+        // A thermal slowdown is the slow verdict's evidence (`slow.rs`), judged only while
+        // busy and over polls: one reading alone is no finding.
         let mut g = healthy(0);
         g.clock_events = Ok(0x40);
-        assert_eq!(
-            codes(&[g], 1, &bus),
-            [(FaultCode::ClockSlowdown, Severity::Warning, Action::None)]
-        );
+        assert!(codes(&[g], 1, &bus).is_empty());
         let mut g = healthy(0);
         g.ecc_enabled = Ok(false);
         assert_eq!(

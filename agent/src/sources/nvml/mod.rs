@@ -14,6 +14,7 @@ pub mod events;
 mod fabric;
 mod probe;
 mod raw;
+pub mod slow;
 mod watchdog;
 
 use std::path::PathBuf;
@@ -51,6 +52,8 @@ pub struct Settings {
     /// Where the NVLink baseline is kept across restarts (`<state_dir>/nvlink-baseline.json`),
     /// and this boot's id; `None`: in memory only.
     pub baseline: Option<(PathBuf, String)>,
+    /// When a busy GPU is slow.
+    pub slow: slow::Limits,
 }
 
 /// The NVLink baseline on disk: which links of which GPU (by UUID, else PCI address) were up,
@@ -80,6 +83,8 @@ pub struct Poller {
     failing: bool,
     /// The baseline as last saved.
     saved: checks::Baseline,
+    /// Each GPU's streak of busy polls held back.
+    slow: slow::Slow,
 }
 
 impl Poller {
@@ -110,6 +115,7 @@ impl Poller {
             rates,
             last: None,
             failing: false,
+            slow: slow::Slow::default(),
         }
     }
 
@@ -174,26 +180,33 @@ impl Poller {
         let at = SystemTime::now();
         let booting = at < self.grace_ends;
         let partial = checks::partially_read(&readings, &on_bus);
-        let faults = evaluate(
+        let mut findings = evaluate(
             &readings,
             expected,
             &on_bus,
             &mut self.rates,
             elapsed,
             booting,
-        )
-        .into_iter()
-        .map(|f| FaultReport {
-            component: f.component,
-            code: f.code,
-            class: f.class,
-            source: SourceKind::Nvml,
-            at,
-            detail: f.detail,
-            cursor: None,
-            drill: false,
-        })
-        .collect();
+        );
+        findings.extend(checks::judge_slow(
+            &readings,
+            &on_bus,
+            &mut self.slow,
+            &self.settings.slow,
+        ));
+        let faults = findings
+            .into_iter()
+            .map(|f| FaultReport {
+                component: f.component,
+                code: f.code,
+                class: f.class,
+                source: SourceKind::Nvml,
+                at,
+                detail: f.detail,
+                cursor: None,
+                drill: false,
+            })
+            .collect();
         self.save_baseline();
         out.push(Observation::Poll {
             source: SourceKind::Nvml,
