@@ -361,3 +361,77 @@ fn the_pod_holding_a_slow_gpu_gets_an_event() {
     );
     assert!(agent.stop().success());
 }
+
+/// The funnel, per GPU and per pod: of the eight GPUs NVML sees, a pod holds two and keeps
+/// one busy; its GPU-seconds grow with the time held (two GPUs) and busy (one), so
+/// present >= allocated >= busy and the pod's allocated seconds are twice its busy ones.
+#[test]
+fn the_funnel_counts_gpus_held_and_busy_per_gpu_and_per_pod() {
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    let kubelet = Kubelet::start(&host.kubelet_socket());
+    api.add_pod("ml", "funnel-0", "uid-f", NODE);
+    kubelet.assign(
+        "ml",
+        "funnel-0",
+        "trainer",
+        "nvidia.com/gpu",
+        &[&host.gpu_uuid(2), &host.gpu_uuid(3)],
+    );
+    let port = gpu_agent_e2e::free_port();
+    let scenario = NvmlScenario::healthy()
+        .gpu(2, "utilization = { gpu = 95, memory = 40 }")
+        .gpu(5, "utilization = { gpu = 99, memory = 40 }");
+    let agent = host.start_with_nvml(
+        &scenario,
+        &format!(
+            "{}[metrics]\nlisten = \"127.0.0.1:{port}\"\nfunnel_interval = \"1s\"\n",
+            config(&host, &api)
+        ),
+    );
+    let metric = |body: &str, name_and_labels: &str| -> Option<f64> {
+        body.lines()
+            .find(|l| l.starts_with(name_and_labels))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    };
+    let mut body = String::new();
+    wait(Duration::from_secs(15), "three funnel ticks", || {
+        body = gpu_agent_e2e::http_get(port, "/metrics");
+        metric(
+            &body,
+            r#"gpu_agent_pod_gpu_seconds_total{namespace="ml",pod="funnel-0",state="busy"}"#,
+        )
+        .is_some_and(|s| s >= 2.0)
+    });
+    let stage = |gpu: u32, stage: &str| {
+        metric(
+            &body,
+            &format!(r#"gpu_agent_gpu_stage{{gpu="{gpu}",stage="{stage}"}}"#),
+        )
+    };
+    let count = |s: &str| (0..8).filter_map(|g| stage(g, s)).sum::<f64>();
+    assert_eq!(
+        (count("present"), count("allocated"), count("busy")),
+        (8.0, 2.0, 1.0),
+        "{body}"
+    );
+    assert_eq!(stage(2, "busy"), Some(1.0));
+    assert_eq!(stage(3, "busy"), Some(0.0), "held, idle");
+    assert_eq!(stage(5, "busy"), Some(0.0), "busy, but no pod holds it");
+    let seconds = |state: &str| {
+        metric(
+            &body,
+            &format!(
+                r#"gpu_agent_pod_gpu_seconds_total{{namespace="ml",pod="funnel-0",state="{state}"}}"#
+            ),
+        )
+        .unwrap_or_default()
+    };
+    let (allocated, busy) = (seconds("allocated"), seconds("busy"));
+    assert!(
+        (allocated - 2.0 * busy).abs() < 1e-6,
+        "two GPUs held, one busy: {allocated} / {busy}"
+    );
+    assert!(agent.stop().success());
+}

@@ -266,6 +266,21 @@ async fn start_sinks(
             shutdown.clone(),
         ));
     }
+    if config.nvml.enabled && config.metrics.enabled {
+        // Which GPUs pods hold and keep busy, and their GPU-seconds.
+        let metrics = crate::sinks::funnel::FunnelMetrics::register(&mut registry);
+        #[cfg(feature = "clients")]
+        let holders: crate::sinks::funnel::Holders = pod_resources.clone();
+        #[cfg(not(feature = "clients"))]
+        let holders: crate::sinks::funnel::Holders = None;
+        tokio::spawn(crate::sinks::funnel::run(
+            settings::funnel(config),
+            metrics,
+            holders,
+            snapshots.clone(),
+            shutdown.clone(),
+        ));
+    }
     #[cfg(feature = "clients")]
     start_client_sources(config, snapshots, &sink_tx, shutdown);
     drop(sink_tx);

@@ -57,6 +57,14 @@ pub fn checkpoint(
     }
 }
 
+/// The funnel (present, allocated, busy).
+pub fn funnel(config: &Config) -> crate::sinks::funnel::Settings {
+    crate::sinks::funnel::Settings {
+        interval: config.metrics.funnel_interval.0,
+        busy_percent: config.nvml.busy_percent,
+    }
+}
+
 /// The pod-resources lookup.
 #[cfg(feature = "clients")]
 pub fn pod_resources(config: &Config) -> crate::sinks::pod_resources::Settings {

@@ -4,6 +4,9 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
+use super::duration::{HOUR, SECOND};
+use super::HumanDuration;
+
 /// `[metrics]`: the Prometheus endpoint.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -12,6 +15,9 @@ pub struct MetricsConfig {
     pub enabled: bool,
     /// Listen address.
     pub listen: SocketAddr,
+    /// How often the funnel (which GPUs pods hold and keep busy, and their GPU-seconds) is
+    /// taken: each time asks the kubelet which pod holds which GPU.
+    pub funnel_interval: HumanDuration<SECOND, HOUR>,
 }
 
 impl Default for MetricsConfig {
@@ -19,6 +25,7 @@ impl Default for MetricsConfig {
         Self {
             enabled: true,
             listen: SocketAddr::from(([127, 0, 0, 1], 9467)),
+            funnel_interval: HumanDuration(std::time::Duration::from_secs(30)),
         }
     }
 }

@@ -6,6 +6,7 @@
 pub mod checkpoint;
 #[cfg(feature = "clients")]
 pub mod device_taints;
+pub mod funnel;
 #[cfg(feature = "clients")]
 pub mod kubernetes;
 pub mod metrics;
