@@ -435,3 +435,71 @@ fn the_funnel_counts_gpus_held_and_busy_per_gpu_and_per_pod() {
     );
     assert!(agent.stop().success());
 }
+
+/// Held but not working: a pod that holds GPUs and keeps none busy for the window gets one
+/// Pod Event naming its GPUs, `status` and the metric say so; a pod keeping one of its GPUs
+/// busy gets nothing; busy again, the episode ends.
+#[test]
+fn a_pod_holding_idle_gpus_for_the_window_is_told_once() {
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    let kubelet = Kubelet::start(&host.kubelet_socket());
+    api.add_pod("ml", "idle-0", "uid-i", NODE);
+    api.add_pod("ml", "busy-0", "uid-b", NODE);
+    kubelet.assign(
+        "ml",
+        "idle-0",
+        "notebook",
+        "nvidia.com/gpu",
+        &[&host.gpu_uuid(6), &host.gpu_uuid(7)],
+    );
+    kubelet.assign(
+        "ml",
+        "busy-0",
+        "trainer",
+        "nvidia.com/gpu",
+        &[&host.gpu_uuid(0), &host.gpu_uuid(1)],
+    );
+    let port = gpu_agent_e2e::free_port();
+    let busy = NvmlScenario::healthy().gpu(0, "utilization = { gpu = 95, memory = 40 }");
+    let agent = host.start_with_nvml(
+        &busy,
+        &format!(
+            "{}[metrics]\nlisten = \"127.0.0.1:{port}\"\nfunnel_interval = \"1s\"\nheld_idle_after = \"2s\"\n",
+            config(&host, &api)
+        ),
+    );
+    wait(Duration::from_secs(15), "the held-but-idle Event", || {
+        !events_on(&api, "idle-0").is_empty()
+    });
+    let event = events_on(&api, "idle-0").remove(0);
+    assert_eq!(event["reason"], "GPUHeldIdle");
+    assert_eq!(event["type"], "Normal");
+    let message = event["message"].as_str().unwrap_or_default();
+    assert!(message.contains("GPU 6, GPU 7"), "{message}");
+    let (_, text) = agent.status(false);
+    assert!(
+        text.contains("Held but idle: ml/idle-0 holds GPU 6, GPU 7"),
+        "{text}"
+    );
+    let body = gpu_agent_e2e::http_get(port, "/metrics");
+    assert!(
+        body.contains(r#"gpu_agent_pod_held_idle{namespace="ml",pod="idle-0"} 1"#),
+        "{body}"
+    );
+    assert!(
+        !body.contains(r#"gpu_agent_pod_held_idle{namespace="ml",pod="busy-0"}"#),
+        "{body}"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(events_on(&api, "idle-0").len(), 1, "once per episode");
+    assert!(events_on(&api, "busy-0").is_empty(), "one busy GPU is work");
+
+    // Busy again: the episode ends.
+    busy.gpu(7, "utilization = { gpu = 90, memory = 40 }")
+        .write(&host);
+    wait(Duration::from_secs(10), "the episode over", || {
+        !agent.status(false).1.contains("Held but idle")
+    });
+    assert!(agent.stop().success());
+}

@@ -270,14 +270,22 @@ async fn start_sinks(
         // Which GPUs pods hold and keep busy, and their GPU-seconds.
         let metrics = crate::sinks::funnel::FunnelMetrics::register(&mut registry);
         #[cfg(feature = "clients")]
-        let holders: crate::sinks::funnel::Holders = pod_resources.clone();
+        let (holders, events): (
+            crate::sinks::funnel::Holders,
+            crate::sinks::funnel::Events,
+        ) = (pod_resources.clone(), kubernetes.clone());
         #[cfg(not(feature = "clients"))]
-        let holders: crate::sinks::funnel::Holders = None;
+        let (holders, events): (
+            crate::sinks::funnel::Holders,
+            crate::sinks::funnel::Events,
+        ) = (None, None);
         tokio::spawn(crate::sinks::funnel::run(
             settings::funnel(config),
             metrics,
             holders,
+            events,
             snapshots.clone(),
+            sink_tx.clone(),
             shutdown.clone(),
         ));
     }

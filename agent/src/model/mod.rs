@@ -28,8 +28,8 @@ pub use notice::{CheckpointReport, DeclaredLead, Notice, NoticeKind};
 pub use pci::{PciAddress, PciAddressError};
 pub use reason::{reason, WHOLE_NODE};
 pub use snapshot::{
-    GpuFabric, GpuIdentity, GpuStatus, GpuTelemetry, Health, HealthSnapshot, KmsgCounters,
-    KmsgStats, NodeCondition, PendingEnd, SinkStatus, SourceState, SourceStatus,
+    GpuFabric, GpuIdentity, GpuStatus, GpuTelemetry, Health, HealthSnapshot, HeldIdle,
+    KmsgCounters, KmsgStats, NodeCondition, PendingEnd, SinkStatus, SourceState, SourceStatus,
 };
 
 /// FNV-1a of `text`: a hash stable across runs and builds, for deterministic object names
@@ -67,6 +67,9 @@ pub enum Observation {
     Fencing(Option<Fencing>),
     /// The Node conditions the node-conditions sink wrote (shown by `status`).
     Conditions(Vec<NodeCondition>),
+    /// The pods holding GPUs and keeping none busy for the funnel's window (the funnel
+    /// sink; shown by `status`).
+    HeldIdle(Vec<HeldIdle>),
     /// A polling source's complete view: these faults are all it sees now (faults it
     /// reported before and not now have cleared), and what it enumerated.
     Poll {

@@ -182,6 +182,21 @@ pub struct SourceStatus {
     pub state: SourceState,
 }
 
+/// A pod that holds GPUs and has kept none of them busy for the funnel's window: paid for
+/// and doing nothing. Information for the job's owners, never a fault.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldIdle {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod.
+    pub pod: String,
+    /// The GPUs it holds (index, bus order).
+    pub gpus: Vec<u32>,
+    /// Since when none of them was busy.
+    #[serde(with = "crate::model::time")]
+    pub since: SystemTime,
+}
+
 /// A Node condition as gpu-agent last wrote it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeCondition {
@@ -334,6 +349,9 @@ pub struct HealthSnapshot {
     /// The Node conditions as the node-conditions sink last wrote them (empty: none written).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<NodeCondition>,
+    /// Pods holding GPUs that none of them kept busy for the funnel's window.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held_idle: Vec<HeldIdle>,
     /// What per-GPU fencing can do on this node; `None`: off (no DRA driver, no
     /// DeviceTaintRule API, turned off, or no Kubernetes).
     #[serde(default, skip_serializing_if = "Option::is_none")]

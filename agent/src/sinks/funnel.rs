@@ -9,19 +9,25 @@
 //! the last tick to `gpu_agent_pod_gpu_seconds_total{namespace,pod,state}` for each GPU a pod
 //! holds (`allocated`) and is busy on (`busy`). Productive (tensor work, from GPM) is not yet
 //! read: it is no stage here rather than a zero.
+//!
+//! **Held but idle**: a pod that holds GPUs and has kept none of them busy for
+//! [`Settings::held_idle_after`] (20 minutes) is reported once per episode: a Pod Event
+//! (`GPUHeldIdle`, type Normal), `gpu_agent_pod_held_idle{namespace,pod}` and a line in
+//! `status`. It is information for the job's owners: never a signal, a condition or a fence.
+//! The episode ends when one of its GPUs is busy again, or the pod holds none.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
-use crate::model::{Assignments, HealthSnapshot};
+use crate::model::{Assignments, HealthSnapshot, HeldIdle, Observation};
 use crate::shutdown::Shutdown;
 
 /// What the sink needs.
@@ -32,6 +38,8 @@ pub struct Settings {
     pub interval: Duration,
     /// Utilisation (percent) from which a GPU is busy.
     pub busy_percent: u32,
+    /// How long a pod holds GPUs and keeps none busy before it is reported held but idle.
+    pub held_idle_after: Duration,
 }
 
 /// The stages of the funnel, widest first.
@@ -62,6 +70,16 @@ pub struct PodLabels {
 pub struct FunnelMetrics {
     stage: Family<StageLabels, Gauge>,
     seconds: Family<PodLabels, Counter<f64, std::sync::atomic::AtomicU64>>,
+    held_idle: Family<IdleLabels, Gauge>,
+}
+
+/// Labels of a pod held but idle.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IdleLabels {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod.
+    pub pod: String,
 }
 
 impl FunnelMetrics {
@@ -77,6 +95,11 @@ impl FunnelMetrics {
             "gpu_agent_pod_gpu_seconds",
             "GPU-seconds each pod held GPUs (state=allocated) and kept them busy (state=busy).",
             m.seconds.clone(),
+        );
+        registry.register(
+            "gpu_agent_pod_held_idle",
+            "1 while a pod holds GPUs and has kept none of them busy for [metrics] held_idle_after.",
+            m.held_idle.clone(),
         );
         m
     }
@@ -167,6 +190,75 @@ impl FunnelMetrics {
     }
 }
 
+/// The pods that hold GPUs and keep none busy, and since when, tick after tick.
+#[derive(Debug, Default)]
+pub struct Idle {
+    since: BTreeMap<(String, String), (Instant, SystemTime)>,
+    reported: BTreeSet<(String, String)>,
+}
+
+impl Idle {
+    /// Follow one tick's `stages` at `now` (`wall` on the clock): the pods in an episode
+    /// now, and those whose episode has just begun.
+    pub fn follow(
+        &mut self,
+        stages: &[Stage],
+        after: Duration,
+        now: Instant,
+        wall: SystemTime,
+    ) -> (Vec<HeldIdle>, Vec<HeldIdle>) {
+        let mut pods: BTreeMap<(String, String), (Vec<u32>, bool)> = BTreeMap::new();
+        for s in stages {
+            for pod in &s.pods {
+                let entry = pods.entry(pod.clone()).or_default();
+                entry.0.push(s.gpu);
+                entry.1 |= s.busy;
+            }
+        }
+        let idle: BTreeMap<(String, String), Vec<u32>> = pods
+            .into_iter()
+            .filter(|(_, (_, busy))| !busy)
+            .map(|(pod, (gpus, _))| (pod, gpus))
+            .collect();
+        self.since.retain(|pod, _| idle.contains_key(pod));
+        self.reported.retain(|pod| idle.contains_key(pod));
+        let mut now_idle = Vec::new();
+        let mut begun = Vec::new();
+        for (pod, gpus) in idle {
+            let (at, since) = *self.since.entry(pod.clone()).or_insert((now, wall));
+            if now.duration_since(at) < after {
+                continue;
+            }
+            let held = HeldIdle {
+                namespace: pod.0.clone(),
+                pod: pod.1.clone(),
+                gpus,
+                since,
+            };
+            if self.reported.insert(pod) {
+                begun.push(held.clone());
+            }
+            now_idle.push(held);
+        }
+        (now_idle, begun)
+    }
+}
+
+impl FunnelMetrics {
+    /// Set the held-but-idle gauge to the pods in an episode now.
+    pub fn record_idle(&self, pods: &[HeldIdle]) {
+        self.held_idle.clear();
+        for p in pods {
+            self.held_idle
+                .get_or_create(&IdleLabels {
+                    namespace: p.namespace.clone(),
+                    pod: p.pod.clone(),
+                })
+                .set(1);
+        }
+    }
+}
+
 /// Where the holders come from: the pod-resources lookup where it runs.
 #[cfg(feature = "clients")]
 pub type Holders = Option<super::pod_resources::Lookup>;
@@ -180,10 +272,14 @@ pub async fn run(
     settings: Settings,
     metrics: FunnelMetrics,
     holders: Holders,
+    events: Events,
     snapshots: watch::Receiver<Arc<HealthSnapshot>>,
+    report: mpsc::Sender<Observation>,
     mut shutdown: Shutdown,
 ) {
     let mut last = Instant::now();
+    let mut idle = Idle::default();
+    let mut reported: Vec<HeldIdle> = Vec::new();
     loop {
         tokio::select! {
             () = tokio::time::sleep(settings.interval) => {}
@@ -198,10 +294,88 @@ pub async fn run(
         let now = Instant::now();
         let elapsed = now.duration_since(last).min(settings.interval * 2);
         last = now;
-        metrics.record(
-            &stages(&snapshot, assignments.as_deref(), settings.busy_percent),
-            elapsed,
-        );
+        let stages = stages(&snapshot, assignments.as_deref(), settings.busy_percent);
+        metrics.record(&stages, elapsed);
+        let (held, begun) = idle.follow(&stages, settings.held_idle_after, now, SystemTime::now());
+        metrics.record_idle(&held);
+        for pod in &begun {
+            tracing::info!(namespace = %pod.namespace, pod = %pod.pod, gpus = ?pod.gpus, "A pod has held GPUs and kept none busy for the window.");
+            post_held_idle(
+                &events,
+                pod,
+                settings.held_idle_after,
+                settings.busy_percent,
+            )
+            .await;
+        }
+        if held != reported {
+            let _ = report.send(Observation::HeldIdle(held.clone())).await;
+            reported = held;
+        }
+    }
+}
+
+/// Where the held-but-idle Pod Events go: the Kubernetes link where it runs.
+#[cfg(feature = "clients")]
+pub type Events = Option<super::kubernetes::Link>;
+/// Where the held-but-idle Pod Events go: nowhere in a build without the clients.
+#[cfg(not(feature = "clients"))]
+pub type Events = Option<std::convert::Infallible>;
+
+/// The Pod Event of a held-but-idle episode (once; a failure is logged, not retried: the
+/// metric and `status` still say it).
+async fn post_held_idle(events: &Events, pod: &HeldIdle, after: Duration, busy_percent: u32) {
+    #[cfg(feature = "clients")]
+    {
+        use super::kubernetes::events::EventWrite;
+        use super::kubernetes::EventText;
+        let Some(link) = events else {
+            return;
+        };
+        let posted = async {
+            let api = link.api().await?;
+            let pods = api.pods_on_node().await?;
+            let Some(target) = pods
+                .iter()
+                .find(|p| p.namespace == pod.namespace && p.name == pod.pod)
+            else {
+                return Ok(());
+            };
+            let since = pod
+                .since
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs();
+            let name = target.event_name(&format!("held-idle|{}|{since}", target.uid));
+            let gpus: Vec<String> = pod.gpus.iter().map(|g| format!("GPU {g}")).collect();
+            let message = format!(
+                "{} held by this pod and idle (utilisation under {busy_percent} %) for {}: paid for and doing no work",
+                gpus.join(", "),
+                humantime::format_duration(after)
+            );
+            let body = target.event(
+                &name,
+                &EventText {
+                    reason: "GPUHeldIdle",
+                    type_: "Normal",
+                    message: &message,
+                    count: 1,
+                    first: pod.since,
+                    last: SystemTime::now(),
+                },
+                api.node(),
+            );
+            api.write_event(&pod.namespace, &EventWrite::create(body, 1))
+                .await
+        };
+        let result: Result<(), super::kubernetes::ApiError> = posted.await;
+        if let Err(e) = result {
+            tracing::warn!(namespace = %pod.namespace, pod = %pod.pod, error = %e, "Cannot post the held-but-idle Event.");
+        }
+    }
+    #[cfg(not(feature = "clients"))]
+    {
+        let _ = (events, pod, after, busy_percent);
     }
 }
 
@@ -323,5 +497,50 @@ mod tests {
             (1, 1, 0)
         );
         assert_eq!(stage(1, "busy"), 0);
+    }
+
+    #[test]
+    fn a_pod_idle_for_the_window_is_one_episode_until_a_gpu_is_busy_again() {
+        let stage = |gpu: u32, pod: &str, busy: bool| Stage {
+            gpu,
+            pods: vec![("ml".to_string(), pod.to_string())],
+            busy,
+        };
+        let after = Duration::from_secs(60);
+        let start = Instant::now();
+        let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let mut idle = Idle::default();
+        // Pod a: two GPUs, neither busy. Pod b: one of its two busy.
+        let ticks = |busy_a: bool| {
+            vec![
+                stage(0, "a", false),
+                stage(1, "a", busy_a),
+                stage(2, "b", true),
+                stage(3, "b", false),
+            ]
+        };
+        let at = |s: u64| start + Duration::from_secs(s);
+        let (held, begun) = idle.follow(&ticks(false), after, at(0), wall);
+        assert!(
+            held.is_empty() && begun.is_empty(),
+            "not for the window yet"
+        );
+        let (held, begun) = idle.follow(&ticks(false), after, at(60), wall);
+        assert_eq!(begun.len(), 1);
+        assert_eq!(held.len(), 1);
+        assert_eq!(
+            (held[0].pod.as_str(), held[0].gpus.clone()),
+            ("a", vec![0, 1])
+        );
+        assert_eq!(held[0].since, wall, "since the first idle tick");
+        let (held, begun) = idle.follow(&ticks(false), after, at(90), wall);
+        assert_eq!((held.len(), begun.len()), (1, 0), "one Event per episode");
+        // A GPU of a is busy: the episode ends; idle again, a new window.
+        let (held, _) = idle.follow(&ticks(true), after, at(100), wall);
+        assert!(held.is_empty());
+        let (held, begun) = idle.follow(&ticks(false), after, at(110), wall);
+        assert!(held.is_empty() && begun.is_empty());
+        let (_, begun) = idle.follow(&ticks(false), after, at(170), wall);
+        assert_eq!(begun.len(), 1, "a new episode");
     }
 }

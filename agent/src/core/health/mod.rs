@@ -67,6 +67,8 @@ pub struct HealthModel {
     fencing: Option<crate::model::Fencing>,
     /// The Node conditions as last written.
     conditions: Vec<crate::model::NodeCondition>,
+    /// Pods holding GPUs and keeping none busy, as the funnel last reported them.
+    held_idle: Vec<crate::model::HeldIdle>,
     /// How each polling source's conditions are set and cleared.
     rules: condition::Rules,
     /// Fatal sightings not yet confirmed: who saw each, and since when it has been seen on
@@ -112,6 +114,7 @@ impl HealthModel {
             imex: None,
             fencing: None,
             conditions: Vec::new(),
+            held_idle: Vec::new(),
             rules: condition::Rules::default(),
             pending: HashMap::new(),
             last_fatal: HashMap::new(),
@@ -279,6 +282,11 @@ impl HealthModel {
             Observation::Conditions(conditions) => {
                 let changed = self.conditions != conditions;
                 self.conditions = conditions;
+                changed
+            }
+            Observation::HeldIdle(pods) => {
+                let changed = self.held_idle != pods;
+                self.held_idle = pods;
                 changed
             }
             Observation::Fencing(fencing) => {

@@ -180,6 +180,7 @@ impl HealthModel {
             efa: self.efa.clone(),
             imex: self.imex.clone(),
             conditions: self.conditions.clone(),
+            held_idle: self.held_idle.clone(),
             fencing: self.fencing.clone(),
             holders: None,
             leads: self.leads.iter().map(|(k, v)| (*k, *v)).collect(),

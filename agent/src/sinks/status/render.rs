@@ -64,6 +64,17 @@ pub fn render(s: &HealthSnapshot) -> String {
             .collect();
         let _ = writeln!(out, "Node conditions: {}", written.join(", "));
     }
+    for h in &s.held_idle {
+        let gpus: Vec<String> = h.gpus.iter().map(|g| format!("GPU {g}")).collect();
+        let _ = writeln!(
+            out,
+            "Held but idle: {}/{} holds {} and has kept none busy since {}",
+            h.namespace,
+            h.pod,
+            gpus.join(", "),
+            crate::model::time::rfc3339(h.since)
+        );
+    }
     if let Some(f) = &s.fencing {
         let _ = writeln!(
             out,
