@@ -562,7 +562,10 @@ fn utilisation_clocks_and_power_limits_per_gpu_and_unknown_where_not_supported()
     let host = Host::new();
     let port = gpu_agent_e2e::free_port();
     let scenario = NvmlScenario::healthy()
-        .gpu(2, "utilization = { gpu = 97, memory = 41 }")
+        .gpu(
+            2,
+            "utilization = { gpu = 97, memory = 41 }\ngpm = { sm = 90.0, occupancy = 45.0, tensor = 60.4, dram_bw = 30.0 }",
+        )
         .gpu(
             4,
             "clocks = { sm = 1100, sm_max = 1980 }\npower = { limit_mw = 400000, default_limit_mw = 700000 }\npcie.replay = 12",
@@ -572,8 +575,10 @@ fn utilisation_clocks_and_power_limits_per_gpu_and_unknown_where_not_supported()
         &scenario,
         &format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n"),
     );
+    // GPM needs two samples, a poll apart.
     let s = agent.wait_for(WAIT, |s| {
         s["gpus"][2]["nvml"]["telemetry"]["utilization_gpu"] == 97
+            && s["gpus"][2]["nvml"]["telemetry"]["tensor_active_percent"] == 60
     });
     let t = |i: usize| s["gpus"][i]["nvml"]["telemetry"].clone();
     assert_eq!(t(2)["utilization_memory"], 41);
@@ -594,6 +599,18 @@ fn utilisation_clocks_and_power_limits_per_gpu_and_unknown_where_not_supported()
         !body.contains(r#"gpu_agent_gpu_utilization_percent{gpu="5""#),
         "{body}"
     );
+    assert_eq!(
+        (
+            t(2)["sm_active_percent"].clone(),
+            t(2)["sm_occupancy_percent"].clone(),
+            t(2)["dram_bw_percent"].clone()
+        ),
+        (90.into(), 45.into(), 30.into())
+    );
+    assert!(
+        t(0)["tensor_active_percent"].is_null(),
+        "no GPM (before Hopper): unknown, never 0"
+    );
     assert_eq!(t(4)["sm_clock_mhz"], 1100);
     assert_eq!(t(4)["sm_clock_max_mhz"], 1980);
     assert_eq!(t(4)["power_limit_mw"], 400_000);
@@ -606,6 +623,8 @@ fn utilisation_clocks_and_power_limits_per_gpu_and_unknown_where_not_supported()
         r#"gpu_agent_gpu_power_limit_milliwatts{gpu="4",which="enforced"} 400000"#,
         r#"gpu_agent_gpu_power_limit_milliwatts{gpu="4",which="default"} 700000"#,
         r#"gpu_agent_gpu_pcie_replay_errors_total{gpu="4",counter="replay"} 12"#,
+        r#"gpu_agent_gpu_activity_percent{gpu="2",which="tensor"} 60"#,
+        r#"gpu_agent_gpu_activity_percent{gpu="2",which="sm"} 90"#,
     ] {
         assert!(body.contains(line), "{line}: {body}");
     }

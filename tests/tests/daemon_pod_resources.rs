@@ -479,7 +479,7 @@ fn a_pod_holding_idle_gpus_for_the_window_is_told_once() {
     assert!(message.contains("GPU 6, GPU 7"), "{message}");
     let (_, text) = agent.status(false);
     assert!(
-        text.contains("Held but idle: ml/idle-0 holds GPU 6, GPU 7"),
+        text.contains("Held but not working: ml/idle-0 holds GPU 6, GPU 7, none busy"),
         "{text}"
     );
     let body = gpu_agent_e2e::http_get(port, "/metrics");
@@ -499,7 +499,77 @@ fn a_pod_holding_idle_gpus_for_the_window_is_told_once() {
     busy.gpu(7, "utilization = { gpu = 90, memory = 40 }")
         .write(&host);
     wait(Duration::from_secs(10), "the episode over", || {
-        !agent.status(false).1.contains("Held but idle")
+        !agent.status(false).1.contains("Held but not working")
     });
+    assert!(agent.stop().success());
+}
+
+/// Busy is not productive: a pod whose GPU runs a resident kernel with no tensor work (GPM)
+/// for the window is told apart from an idle one; a pod whose GPU does tensor work is
+/// productive in the funnel and told nothing.
+#[test]
+fn a_pod_busy_without_tensor_work_is_told_and_a_productive_one_counted() {
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    let kubelet = Kubelet::start(&host.kubelet_socket());
+    api.add_pod("ml", "stuck-0", "uid-s", NODE);
+    api.add_pod("ml", "train-0", "uid-t", NODE);
+    kubelet.assign(
+        "ml",
+        "stuck-0",
+        "rank",
+        "nvidia.com/gpu",
+        &[&host.gpu_uuid(4)],
+    );
+    kubelet.assign(
+        "ml",
+        "train-0",
+        "rank",
+        "nvidia.com/gpu",
+        &[&host.gpu_uuid(5)],
+    );
+    let port = gpu_agent_e2e::free_port();
+    let scenario = NvmlScenario::healthy()
+        .gpu(
+            4,
+            "utilization = { gpu = 100, memory = 1 }\ngpm = { sm = 100.0, occupancy = 5.0, tensor = 0.0, dram_bw = 1.0 }",
+        )
+        .gpu(
+            5,
+            "utilization = { gpu = 98, memory = 60 }\ngpm = { sm = 95.0, occupancy = 50.0, tensor = 55.0, dram_bw = 40.0 }",
+        );
+    let agent = host.start_with_nvml(
+        &scenario,
+        &format!(
+            "{}[metrics]\nlisten = \"127.0.0.1:{port}\"\nfunnel_interval = \"1s\"\nheld_idle_after = \"2s\"\n",
+            config(&host, &api)
+        ),
+    );
+    wait(Duration::from_secs(15), "the not-productive Event", || {
+        !events_on(&api, "stuck-0").is_empty()
+    });
+    let event = events_on(&api, "stuck-0").remove(0);
+    assert_eq!(event["reason"], "GPUHeldNotProductive");
+    let message = event["message"].as_str().unwrap_or_default();
+    assert!(message.contains("busy with no tensor work"), "{message}");
+    assert!(events_on(&api, "train-0").is_empty(), "tensor work is work");
+    let body = gpu_agent_e2e::http_get(port, "/metrics");
+    for line in [
+        r#"gpu_agent_gpu_stage{gpu="5",stage="productive"} 1"#,
+        r#"gpu_agent_gpu_stage{gpu="4",stage="productive"} 0"#,
+        r#"gpu_agent_gpu_stage{gpu="4",stage="busy"} 1"#,
+    ] {
+        assert!(body.contains(line), "{line}: {body}");
+    }
+    assert!(
+        !body.contains(r#"gpu_agent_gpu_stage{gpu="0",stage="productive"}"#),
+        "no GPM: productive unknown, not 0"
+    );
+    assert!(
+        body.contains(
+            r#"gpu_agent_pod_gpu_seconds_total{namespace="ml",pod="train-0",state="productive"}"#
+        ),
+        "{body}"
+    );
     assert!(agent.stop().success());
 }

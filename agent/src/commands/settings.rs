@@ -62,6 +62,7 @@ pub fn funnel(config: &Config) -> crate::sinks::funnel::Settings {
     crate::sinks::funnel::Settings {
         interval: config.metrics.funnel_interval.0,
         busy_percent: config.nvml.busy_percent,
+        productive_percent: config.nvml.productive_percent,
         held_idle_after: config.metrics.held_idle_after.0,
     }
 }

@@ -354,11 +354,13 @@ impl Config {
             ));
         }
         let n = &self.nvml;
-        if n.busy_percent > 100 {
-            return Err(invalid(
-                "nvml.busy_percent",
-                "must be a percentage, 0 to 100",
-            ));
+        for (key, value) in [
+            ("nvml.busy_percent", n.busy_percent),
+            ("nvml.productive_percent", n.productive_percent),
+        ] {
+            if value > 100 {
+                return Err(invalid(key, "must be a percentage, 0 to 100"));
+            }
         }
         if !(n.slow_clock_ratio.is_finite() && (0.0..=1.0).contains(&n.slow_clock_ratio)) {
             return Err(invalid("nvml.slow_clock_ratio", "must be between 0 and 1"));

@@ -32,6 +32,9 @@ pub struct NvmlConfig {
     /// Utilisation (percent) from which a GPU is busy: only a busy GPU is judged slow (an
     /// idle one clocks down and lowers its PCIe generation to save power).
     pub busy_percent: u32,
+    /// GPM's tensor activity (percent, Hopper and later) from which a busy GPU is
+    /// productive: doing the work training does, not waiting in a collective.
+    pub productive_percent: u32,
     /// Busy polls in a row with evidence of being held back (clock events, a lowered
     /// power limit, a straggling clock, a PCIe link below its best or replaying) before a
     /// GPU is slow.
@@ -51,6 +54,7 @@ impl Default for NvmlConfig {
             nvlink_boot_grace: HumanDuration(std::time::Duration::from_secs(600)),
             clear_after: HumanDuration(std::time::Duration::from_secs(60)),
             busy_percent: 80,
+            productive_percent: 10,
             slow_after_polls: 3,
             slow_clock_ratio: 0.8,
         }

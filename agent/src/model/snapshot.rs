@@ -94,6 +94,19 @@ pub struct GpuTelemetry {
     /// PCIe link-level retransmissions since the driver loaded (rising: a marginal link).
     #[serde(default)]
     pub pcie_replay_errors: Option<u32>,
+    /// GPM (Hopper and later), over the last poll interval: share of the SMs busy, percent.
+    /// `None`: unknown (no GPM, a vGPU guest, the first poll), never 0.
+    #[serde(default)]
+    pub sm_active_percent: Option<u32>,
+    /// GPM: warps resident against the SMs' capacity, percent.
+    #[serde(default)]
+    pub sm_occupancy_percent: Option<u32>,
+    /// GPM: any tensor pipe busy, percent: the work training does.
+    #[serde(default)]
+    pub tensor_active_percent: Option<u32>,
+    /// GPM: DRAM bandwidth in use, percent.
+    #[serde(default)]
+    pub dram_bw_percent: Option<u32>,
 }
 
 /// What NVML says a GPU is.
@@ -192,9 +205,13 @@ pub struct HeldIdle {
     pub pod: String,
     /// The GPUs it holds (index, bus order).
     pub gpus: Vec<u32>,
-    /// Since when none of them was busy.
+    /// Since when none of them worked.
     #[serde(with = "crate::model::time")]
     pub since: SystemTime,
+    /// One was busy, but with no tensor work (GPM): a rank waiting in a collective, not an
+    /// idle GPU.
+    #[serde(default)]
+    pub busy_without_tensor_work: bool,
 }
 
 /// A Node condition as gpu-agent last wrote it.

@@ -38,12 +38,14 @@ pub struct Settings {
     pub interval: Duration,
     /// Utilisation (percent) from which a GPU is busy.
     pub busy_percent: u32,
+    /// GPM tensor activity (percent) from which a busy GPU is productive.
+    pub productive_percent: u32,
     /// How long a pod holds GPUs and keeps none busy before it is reported held but idle.
     pub held_idle_after: Duration,
 }
 
-/// The stages of the funnel, widest first.
-pub const STAGES: [&str; 3] = ["present", "allocated", "busy"];
+/// The stages of the funnel, widest first (`productive` only where GPM says).
+pub const STAGES: [&str; 4] = ["present", "allocated", "busy", "productive"];
 
 /// Labels of a GPU's stage.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -114,6 +116,16 @@ pub struct Stage {
     pub pods: Vec<(String, String)>,
     /// Allocated and busy.
     pub busy: bool,
+    /// Busy with tensor work at or over the threshold; `None`: unknown (no GPM).
+    pub productive: Option<bool>,
+}
+
+impl Stage {
+    /// Doing work, as far as the agent can tell: busy, and not known to be without tensor
+    /// work.
+    pub fn working(&self) -> bool {
+        self.busy && self.productive != Some(false)
+    }
 }
 
 /// Each GPU NVML sees, with the pods holding it (from `assignments`) and whether it is busy.
@@ -121,6 +133,7 @@ pub fn stages(
     snapshot: &HealthSnapshot,
     assignments: Option<&Assignments>,
     busy_percent: u32,
+    productive_percent: u32,
 ) -> Vec<Stage> {
     snapshot
         .gpus
@@ -135,15 +148,19 @@ pub fn stages(
                 .collect();
             pods.sort();
             pods.dedup();
+            let telemetry = g.nvml.as_ref().map(|n| &n.telemetry);
             let busy = !pods.is_empty()
-                && g.nvml
-                    .as_ref()
-                    .and_then(|n| n.telemetry.utilization_gpu)
+                && telemetry
+                    .and_then(|t| t.utilization_gpu)
                     .is_some_and(|u| u >= busy_percent);
+            let productive = telemetry
+                .and_then(|t| t.tensor_active_percent)
+                .map(|tensor| busy && tensor >= productive_percent);
             Stage {
                 gpu: g.index,
                 pods,
                 busy,
+                productive,
             }
         })
         .collect()
@@ -155,7 +172,9 @@ impl FunnelMetrics {
         self.stage.clear();
         for s in stages {
             let allocated = !s.pods.is_empty();
-            for (stage, on) in STAGES.iter().zip([true, allocated, s.busy]) {
+            let known = [Some(true), Some(allocated), Some(s.busy), s.productive];
+            for (stage, on) in STAGES.iter().zip(known) {
+                let Some(on) = on else { continue };
                 self.stage
                     .get_or_create(&StageLabels {
                         gpu: s.gpu.to_string(),
@@ -174,6 +193,11 @@ impl FunnelMetrics {
                 if s.busy {
                     *per_pod
                         .entry((namespace.clone(), pod.clone(), "busy"))
+                        .or_default() += seconds;
+                }
+                if s.productive == Some(true) {
+                    *per_pod
+                        .entry((namespace.clone(), pod.clone(), "productive"))
                         .or_default() += seconds;
                 }
             }
@@ -207,24 +231,26 @@ impl Idle {
         now: Instant,
         wall: SystemTime,
     ) -> (Vec<HeldIdle>, Vec<HeldIdle>) {
-        let mut pods: BTreeMap<(String, String), (Vec<u32>, bool)> = BTreeMap::new();
+        // Per pod: its GPUs, whether one works, whether one is busy (without tensor work).
+        let mut pods: BTreeMap<(String, String), (Vec<u32>, bool, bool)> = BTreeMap::new();
         for s in stages {
             for pod in &s.pods {
                 let entry = pods.entry(pod.clone()).or_default();
                 entry.0.push(s.gpu);
-                entry.1 |= s.busy;
+                entry.1 |= s.working();
+                entry.2 |= s.busy;
             }
         }
-        let idle: BTreeMap<(String, String), Vec<u32>> = pods
+        let idle: BTreeMap<(String, String), (Vec<u32>, bool)> = pods
             .into_iter()
-            .filter(|(_, (_, busy))| !busy)
-            .map(|(pod, (gpus, _))| (pod, gpus))
+            .filter(|(_, (_, working, _))| !working)
+            .map(|(pod, (gpus, _, busy))| (pod, (gpus, busy)))
             .collect();
         self.since.retain(|pod, _| idle.contains_key(pod));
         self.reported.retain(|pod| idle.contains_key(pod));
         let mut now_idle = Vec::new();
         let mut begun = Vec::new();
-        for (pod, gpus) in idle {
+        for (pod, (gpus, busy)) in idle {
             let (at, since) = *self.since.entry(pod.clone()).or_insert((now, wall));
             if now.duration_since(at) < after {
                 continue;
@@ -234,6 +260,7 @@ impl Idle {
                 pod: pod.1.clone(),
                 gpus,
                 since,
+                busy_without_tensor_work: busy,
             };
             if self.reported.insert(pod) {
                 begun.push(held.clone());
@@ -294,7 +321,12 @@ pub async fn run(
         let now = Instant::now();
         let elapsed = now.duration_since(last).min(settings.interval * 2);
         last = now;
-        let stages = stages(&snapshot, assignments.as_deref(), settings.busy_percent);
+        let stages = stages(
+            &snapshot,
+            assignments.as_deref(),
+            settings.busy_percent,
+            settings.productive_percent,
+        );
         metrics.record(&stages, elapsed);
         let (held, begun) = idle.follow(&stages, settings.held_idle_after, now, SystemTime::now());
         metrics.record_idle(&held);
@@ -348,15 +380,26 @@ async fn post_held_idle(events: &Events, pod: &HeldIdle, after: Duration, busy_p
                 .as_secs();
             let name = target.event_name(&format!("held-idle|{}|{since}", target.uid));
             let gpus: Vec<String> = pod.gpus.iter().map(|g| format!("GPU {g}")).collect();
+            let (reason, how) = if pod.busy_without_tensor_work {
+                (
+                    "GPUHeldNotProductive",
+                    "busy with no tensor work (waiting in a collective for a peer?)".to_string(),
+                )
+            } else {
+                (
+                    "GPUHeldIdle",
+                    format!("idle (utilisation under {busy_percent} %)"),
+                )
+            };
             let message = format!(
-                "{} held by this pod and idle (utilisation under {busy_percent} %) for {}: paid for and doing no work",
+                "{} held by this pod and {how} for {}: paid for and doing no work",
                 gpus.join(", "),
                 humantime::format_duration(after)
             );
             let body = target.event(
                 &name,
                 &EventText {
-                    reason: "GPUHeldIdle",
+                    reason,
                     type_: "Normal",
                     message: &message,
                     count: 1,
@@ -446,7 +489,7 @@ mod tests {
             devices: vec![held("a", "GPU-0"), held("a", "GPU-1"), held("b", "GPU-3")],
             ..Assignments::default()
         };
-        let stages = stages(&snapshot, Some(&assignments), 80);
+        let stages = stages(&snapshot, Some(&assignments), 80, 10);
         let count = |f: &dyn Fn(&Stage) -> bool| stages.iter().filter(|s| f(s)).count();
         let (present, allocated, busy) = (
             count(&|_| true),
@@ -505,6 +548,7 @@ mod tests {
             gpu,
             pods: vec![("ml".to_string(), pod.to_string())],
             busy,
+            productive: None,
         };
         let after = Duration::from_secs(60);
         let start = Instant::now();
@@ -542,5 +586,53 @@ mod tests {
         assert!(held.is_empty() && begun.is_empty());
         let (_, begun) = idle.follow(&ticks(false), after, at(170), wall);
         assert_eq!(begun.len(), 1, "a new episode");
+    }
+
+    #[test]
+    fn busy_with_no_tensor_work_is_not_working_and_told_apart_from_idle() {
+        let mut snapshot = snapshot([Some(97), Some(97), Some(97), None]);
+        let tensor = [Some(60), Some(2), None];
+        for (g, t) in snapshot.gpus.iter_mut().zip(tensor) {
+            if let Some(n) = g.nvml.as_mut() {
+                n.telemetry.tensor_active_percent = t;
+            }
+        }
+        let assignments = Assignments {
+            devices: vec![held("a", "GPU-0"), held("b", "GPU-1"), held("c", "GPU-2")],
+            ..Assignments::default()
+        };
+        let stages = stages(&snapshot, Some(&assignments), 80, 10);
+        assert_eq!(
+            stages.iter().map(|s| s.productive).collect::<Vec<_>>(),
+            [Some(true), Some(false), None, None],
+            "unknown where GPM is: never false"
+        );
+        assert!(stages[0].working() && !stages[1].working() && stages[2].working());
+        let metrics = FunnelMetrics::default();
+        metrics.record(&stages, Duration::from_secs(10));
+        let productive = |pod: &str| {
+            metrics
+                .seconds
+                .get_or_create(&PodLabels {
+                    namespace: "ml".into(),
+                    pod: pod.into(),
+                    state: "productive".into(),
+                })
+                .get()
+        };
+        assert!((productive("a") - 10.0).abs() < 1e-9 && productive("b").abs() < 1e-9);
+        let mut idle = Idle::default();
+        let now = Instant::now();
+        let wall = SystemTime::UNIX_EPOCH;
+        idle.follow(&stages, Duration::from_secs(60), now, wall);
+        let (held, _) = idle.follow(
+            &stages,
+            Duration::from_secs(60),
+            now + Duration::from_secs(60),
+            wall,
+        );
+        assert_eq!(held.len(), 1, "{held:?}");
+        assert_eq!(held[0].pod, "b");
+        assert!(held[0].busy_without_tensor_work);
     }
 }

@@ -445,6 +445,100 @@ pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(
+    device: nvmlDevice_t,
+    support: *mut nvmlGpmSupport_t,
+) -> nvmlReturn_t {
+    if support.is_null() {
+        return INVALID;
+    }
+    with_gpu(device, "gpm", |g| {
+        (*support).isSupportedDevice = c_uint::from(g.gpm.is_some());
+        OK
+    })
+}
+
+/// A GPM sample: the GPU it was taken on (its index among the visible ones), once taken.
+struct GpmSample {
+    device: Option<usize>,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmSampleAlloc(sample: *mut nvmlGpmSample_t) -> nvmlReturn_t {
+    put(
+        sample,
+        Box::into_raw(Box::new(GpmSample { device: None })).cast(),
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmSampleFree(sample: nvmlGpmSample_t) -> nvmlReturn_t {
+    if sample.is_null() {
+        return INVALID;
+    }
+    drop(Box::from_raw(sample.cast::<GpmSample>()));
+    OK
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmSampleGet(
+    device: nvmlDevice_t,
+    sample: nvmlGpmSample_t,
+) -> nvmlReturn_t {
+    if sample.is_null() {
+        return INVALID;
+    }
+    with_gpu(device, "gpm", |g| {
+        if g.gpm.is_none() {
+            return NOT_SUPPORTED;
+        }
+        (*sample.cast::<GpmSample>()).device = Some((device as usize).wrapping_sub(1));
+        OK
+    })
+}
+
+/// The metrics between two samples of one GPU: its scenario's GPM figures.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmMetricsGet(request: *mut nvmlGpmMetricsGet_t) -> nvmlReturn_t {
+    if request.is_null() {
+        return INVALID;
+    }
+    let request = &mut *request;
+    let (Some(first), Some(second)) = (
+        request.sample1.cast::<GpmSample>().as_ref(),
+        request.sample2.cast::<GpmSample>().as_ref(),
+    ) else {
+        return INVALID;
+    };
+    let (Some(device), true) = (first.device, first.device == second.device) else {
+        return INVALID;
+    };
+    with_gpu((device + 1) as nvmlDevice_t, "gpm", |g| {
+        let Some(gpm) = g.gpm else {
+            return NOT_SUPPORTED;
+        };
+        let count = (request.numMetrics as usize).min(request.metrics.len());
+        for metric in &mut request.metrics[..count] {
+            let value = match metric.metricId {
+                nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_UTIL => Some(gpm.sm),
+                nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_OCCUPANCY => Some(gpm.occupancy),
+                nvmlGpmMetricId_t_NVML_GPM_METRIC_ANY_TENSOR_UTIL => Some(gpm.tensor),
+                nvmlGpmMetricId_t_NVML_GPM_METRIC_DRAM_BW_UTIL => Some(gpm.dram_bw),
+                _ => None,
+            };
+            match value {
+                Some(v) => {
+                    metric.value = v;
+                    metric.nvmlReturn = OK;
+                }
+                None => metric.nvmlReturn = NOT_SUPPORTED,
+            }
+        }
+        OK
+    })
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetPcieReplayCounter(
     device: nvmlDevice_t,
     value: *mut c_uint,

@@ -87,6 +87,10 @@ pub struct Gpu {
     pub clocks: Clocks,
     /// The enforced and default power limits (`power`).
     pub power: Power,
+    /// GPM (Hopper and later): the activity its metrics report between two samples, in
+    /// percent. Absent: the GPU does not support GPM (`nvmlGpmQueryDeviceSupport` says
+    /// so).
+    pub gpm: Option<Gpm>,
     /// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` (field 230): the driver's required action (0
     /// none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset); absent: a driver
     /// older than R565 (the field is not supported).
@@ -196,6 +200,20 @@ pub struct Nvlink {
     pub replay: u64,
     pub recovery: u64,
     pub crc: u64,
+}
+
+/// The GPM metrics a GPU reports between two samples, percent.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Gpm {
+    /// `NVML_GPM_METRIC_SM_UTIL`.
+    pub sm: f64,
+    /// `NVML_GPM_METRIC_SM_OCCUPANCY`.
+    pub occupancy: f64,
+    /// `NVML_GPM_METRIC_ANY_TENSOR_UTIL`.
+    pub tensor: f64,
+    /// `NVML_GPM_METRIC_DRAM_BW_UTIL`.
+    pub dram_bw: f64,
 }
 
 /// `nvmlUtilization_t`.

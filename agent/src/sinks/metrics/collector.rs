@@ -183,7 +183,8 @@ fn telemetry(encoder: &mut DescriptorEncoder, s: &HealthSnapshot) -> std::fmt::R
         Rows,
         Rows,
     ) = Default::default();
-    let (mut clock, mut power, mut replay): (Rows, Rows, Rows) = Default::default();
+    let (mut clock, mut power, mut replay, mut activity): (Rows, Rows, Rows, Rows) =
+        Default::default();
     for g in &s.gpus {
         let Some(t) = g.nvml.as_ref().map(|n| &n.telemetry) else {
             continue;
@@ -269,6 +270,14 @@ fn telemetry(encoder: &mut DescriptorEncoder, s: &HealthSnapshot) -> std::fmt::R
             "replay",
             t.pcie_replay_errors.map(u64::from),
         );
+        for (which, value) in [
+            ("sm", t.sm_active_percent),
+            ("occupancy", t.sm_occupancy_percent),
+            ("tensor", t.tensor_active_percent),
+            ("dram", t.dram_bw_percent),
+        ] {
+            row(&mut activity, "which", which, value.map(u64::from));
+        }
     }
     family(
         encoder,
@@ -340,6 +349,15 @@ fn telemetry(encoder: &mut DescriptorEncoder, s: &HealthSnapshot) -> std::fmt::R
         "PCIe link-level retransmissions since the driver loaded.",
         Counter,
         &replay,
+    )?;
+    family(
+        encoder,
+        "gpu_agent_gpu_activity_percent",
+        "GPM (Hopper and later), over the last poll interval: SMs busy (which=sm), warps \
+         resident (occupancy), any tensor pipe busy (tensor), DRAM bandwidth (dram); absent \
+         where unknown.",
+        Gauge,
+        &activity,
     )
 }
 

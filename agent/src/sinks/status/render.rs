@@ -66,9 +66,14 @@ pub fn render(s: &HealthSnapshot) -> String {
     }
     for h in &s.held_idle {
         let gpus: Vec<String> = h.gpus.iter().map(|g| format!("GPU {g}")).collect();
+        let how = if h.busy_without_tensor_work {
+            "busy with no tensor work"
+        } else {
+            "none busy"
+        };
         let _ = writeln!(
             out,
-            "Held but idle: {}/{} holds {} and has kept none busy since {}",
+            "Held but not working: {}/{} holds {}, {how} since {}",
             h.namespace,
             h.pod,
             gpus.join(", "),

@@ -550,6 +550,7 @@ mod tests {
             sm_clock: Ok((1980, 1980)),
             power_limit: Ok((700_000, 700_000)),
             pcie_replay: Ok(0),
+            gpm: Err(Unread::NotSupported),
             recovery_action: Err(Unread::NotSupported),
             mig_uuids: Vec::new(),
             fabric: Err(Unread::NotSupported),

@@ -12,6 +12,7 @@
 mod checks;
 pub mod events;
 mod fabric;
+mod gpm;
 mod probe;
 mod raw;
 pub mod slow;
@@ -144,7 +145,13 @@ impl Poller {
     /// is the source failing, not the GPUs missing: it sends only the source's `Failed`
     /// state, and the core keeps this source's faults as they were.
     pub fn poll(&mut self, nvml: &Nvml) -> Vec<Observation> {
-        let readings = match read_all(nvml) {
+        self.poll_with(nvml, None)
+    }
+
+    /// [`Poller::poll`], with GPM's activity over the interval since the last poll where
+    /// `gpm` keeps the samples (the daemon's loop).
+    pub fn poll_with(&mut self, nvml: &Nvml, gpm: Option<&mut gpm::Gpm<'_>>) -> Vec<Observation> {
+        let mut readings = match read_all(nvml) {
             Ok(readings) => readings,
             Err(reason) => {
                 if !self.failing {
@@ -159,6 +166,9 @@ impl Poller {
                 )];
             }
         };
+        if let Some(gpm) = gpm {
+            gpm.read(&mut readings);
+        }
         let mut out = Vec::with_capacity(2);
         if std::mem::take(&mut self.failing) {
             tracing::info!("NVML enumerates the GPUs again.");
@@ -257,6 +267,10 @@ fn identity(r: &GpuReading) -> GpuIdentity {
             power_limit_mw: r.power_limit.as_ref().ok().map(|p| p.0),
             power_limit_default_mw: r.power_limit.as_ref().ok().map(|p| p.1),
             pcie_replay_errors: r.pcie_replay.as_ref().ok().copied(),
+            sm_active_percent: r.gpm.as_ref().ok().map(|g| g.sm_active),
+            sm_occupancy_percent: r.gpm.as_ref().ok().map(|g| g.sm_occupancy),
+            tensor_active_percent: r.gpm.as_ref().ok().map(|g| g.tensor_active),
+            dram_bw_percent: r.gpm.as_ref().ok().map(|g| g.dram_bw),
         },
     }
 }
@@ -314,9 +328,10 @@ fn run(settings: Settings, tx: &mpsc::Sender<Observation>) {
         tracing::warn!(error = %e, "Cannot start the NVML watchdog thread; a hung poll will not show.");
     }
     let mut poller = Poller::new(settings.clone());
+    let mut gpm = gpm::Gpm::new(&nvml);
     loop {
         watch.start();
-        let observations = poller.poll(&nvml);
+        let observations = poller.poll_with(&nvml, Some(&mut gpm));
         if watch.end() {
             tracing::info!("The NVML poll returned; the source is back on.");
             if !send(Observation::Source(SourceKind::Nvml, SourceState::On)) {

@@ -121,6 +121,9 @@ pub struct GpuReading {
     pub power_limit: Read<(u32, u32)>,
     /// PCIe link-level retransmissions since the driver loaded.
     pub pcie_replay: Read<u32>,
+    /// GPM's activity over the last poll interval (Hopper and later; set by
+    /// [`super::gpm::Gpm::read`], unknown until then).
+    pub gpm: Read<super::gpm::Activity>,
     /// The driver's own required recovery action (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`,
     /// R565+): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset.
     pub recovery_action: Read<u32>,
@@ -154,6 +157,7 @@ impl GpuReading {
             sm_clock: Err(why.clone()),
             power_limit: Err(why.clone()),
             pcie_replay: Err(why.clone()),
+            gpm: Err(why.clone()),
             recovery_action: Err(why.clone()),
             mig_uuids: Vec::new(),
             fabric: Err(why),
@@ -243,6 +247,7 @@ fn read_gpu(nvml: &Nvml, nvml_index: u32, device: &Device<'_>) -> GpuReading {
         power_limit: read(device.enforced_power_limit())
             .and_then(|now| Ok((now, read(device.power_management_limit_default())?))),
         pcie_replay: read(device.pcie_replay_counter()),
+        gpm: Err(Unread::NotSupported),
         recovery_action: recovery_action(device),
         mig_uuids: mig_uuids(device),
         fabric: raw::gpu_fabric_info(nvml, device),
