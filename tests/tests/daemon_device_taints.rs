@@ -508,3 +508,38 @@ fn a_node_recreated_under_the_same_name_inherits_no_fence() {
         .contains(&stale));
     assert!(agent.stop().success());
 }
+
+/// A slow GPU on a DRA node: visible at once (effect None), `NoSchedule` once it has been
+/// slow for `slow_gpu_taint_after` (never `NoExecute`), the node condition untouched; the
+/// power brake released, the fence is lifted.
+#[test]
+fn a_slow_gpu_is_fenced_no_schedule_after_it_lasted_and_lifted_when_it_clears() {
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    api.serve_taint_rules(&["v1"]);
+    publish(&api, &host);
+    let mut busy = NvmlScenario::healthy();
+    for i in 0..8 {
+        busy = busy.gpu(i, "utilization = { gpu = 95, memory = 40 }");
+    }
+    let agent = host.start_with_nvml(
+        &busy.clone().gpu(3, "clock_event_reasons = 128"),
+        &format!(
+            "node_name = \"{NODE}\"\n[kubernetes]\nkubeconfig = {:?}\nheartbeat_interval = \"1s\"\n\
+             slow_gpu_taint_after = \"2s\"\n[kmsg]\nenabled = false\n",
+            api.kubeconfig(host.dir.path())
+        ),
+    );
+    wait(Duration::from_secs(10), "GPU 3 fenced NoSchedule", || {
+        fences(&api) == gpu3("NoSchedule")
+    });
+    let rule = api.rules().remove(0);
+    assert_eq!(rule["spec"]["taint"]["value"], "NvidiaGPUSlow", "{rule}");
+    assert_eq!(hw(&api).0, "True", "a slow GPU never condemns the node");
+
+    busy.write(&host);
+    wait(Duration::from_secs(10), "the fence lifted", || {
+        api.rules().is_empty()
+    });
+    assert!(agent.stop().success());
+}

@@ -117,6 +117,7 @@ pub fn device_taints(config: &Config) -> crate::sinks::device_taints::Settings {
     crate::sinks::device_taints::Settings {
         no_execute: config.kubernetes.device_taint_no_execute,
         refresh: config.kubernetes.heartbeat_interval.0,
+        slow_after: Some(config.kubernetes.slow_gpu_taint_after.0).filter(|d| !d.is_zero()),
     }
 }
 

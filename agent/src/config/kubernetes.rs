@@ -51,6 +51,10 @@ pub struct KubernetesConfig {
     /// `NoSchedule`, and `NoExecute` only once the checkpoint of its processes (trigger
     /// `fatal-fault`) has settled.
     pub device_taint_no_execute: bool,
+    /// On DRA nodes, a slow GPU (`gpu-slow`: busy and held back) is fenced `NoSchedule`
+    /// (never `NoExecute`: its job runs on) once it has been slow this long; 0: never (its
+    /// fence stays at effect `None`, visible only).
+    pub slow_gpu_taint_after: HumanDuration<0, DAY>,
     /// Time limit for every API call: connecting, each read and write, and the whole call. A
     /// server that accepts and never answers shows as the sink `failed` after this. Building
     /// the client (the kubeconfig's exec credential plugin included) gets three times this.
@@ -76,6 +80,7 @@ impl Default for KubernetesConfig {
             lifecycle_rebalance: false,
             device_taints: true,
             device_taint_no_execute: false,
+            slow_gpu_taint_after: HumanDuration(std::time::Duration::ZERO),
             timeout: HumanDuration(std::time::Duration::from_secs(10)),
             kubelet_environment: PathBuf::from("/etc/eks/kubelet/environment"),
         }

@@ -23,11 +23,18 @@ pub struct Want {
     pub faults: Vec<String>,
 }
 
-/// The fence each GPU (by UUID) should have for `snapshot`: from the faults confined to one
-/// GPU (see [`crate::model::Fault::confined_to_gpu`]), a warning `None`, a fatal fault
-/// `NoSchedule`, and `NoExecute` when `no_execute` or once the checkpoint its fault raised
-/// (trigger `fatal-fault`) has settled: the processes had their chance to save.
-pub fn wanted(snapshot: &HealthSnapshot, no_execute: bool) -> BTreeMap<String, Want> {
+/// The fence each GPU (by UUID) should have for `snapshot` at `now`: from the faults
+/// confined to one GPU (see [`crate::model::Fault::confined_to_gpu`]), a warning `None`, a
+/// fatal fault `NoSchedule`, and `NoExecute` when `no_execute` or once the checkpoint its
+/// fault raised (trigger `fatal-fault`) has settled: the processes had their chance to
+/// save. A slow GPU (`gpu-slow`, a warning) is `NoSchedule` once it has lasted `slow_after`
+/// (`None`: never), and never `NoExecute`: no new claim gets it, its job runs on.
+pub fn wanted(
+    snapshot: &HealthSnapshot,
+    no_execute: bool,
+    slow_after: Option<std::time::Duration>,
+    now: std::time::SystemTime,
+) -> BTreeMap<String, Want> {
     let mut out: BTreeMap<String, Want> = BTreeMap::new();
     // Worst first: the first fault of a GPU names its fence.
     for fault in &snapshot.faults {
@@ -37,7 +44,12 @@ pub fn wanted(snapshot: &HealthSnapshot, no_execute: bool) -> BTreeMap<String, W
         let Some(uuid) = snapshot.gpu_uuid(fault) else {
             continue;
         };
-        let effect = if fault.class.severity == Severity::Warning {
+        let lasted = now.duration_since(fault.first_seen).unwrap_or_default();
+        let effect = if fault.code == crate::model::FaultCode::GpuSlow
+            && slow_after.is_some_and(|after| lasted >= after)
+        {
+            TaintEffect::NoSchedule
+        } else if fault.class.severity == Severity::Warning {
             TaintEffect::None
         } else if no_execute || checkpointed(snapshot, &fault.notice_id()) {
             TaintEffect::NoExecute

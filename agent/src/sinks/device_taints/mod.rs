@@ -62,6 +62,9 @@ pub struct Settings {
     pub no_execute: bool,
     /// How often discovery and the driver's ResourceSlices are read again.
     pub refresh: Duration,
+    /// A slow GPU (`gpu-slow`) is fenced `NoSchedule` once it has lasted this long;
+    /// `None`: never (it stays a `None`-effect fence, visible only).
+    pub slow_after: Option<Duration>,
 }
 
 /// A rule on the server, as this agent wrote or found it.
@@ -196,7 +199,12 @@ impl Fencer {
     async fn sync(&mut self, snapshot: &HealthSnapshot) -> Result<Pass, ApiError> {
         let result = self.pass(snapshot).await;
         if let Err(e) = &result {
-            for (uuid, want) in ladder::wanted(snapshot, self.settings.no_execute) {
+            for (uuid, want) in ladder::wanted(
+                snapshot,
+                self.settings.no_execute,
+                self.settings.slow_after,
+                std::time::SystemTime::now(),
+            ) {
                 let fenced = self
                     .applied
                     .iter()
@@ -269,7 +277,12 @@ impl Fencer {
                 api.node()
             )));
         }
-        let wants = ladder::wanted(snapshot, self.settings.no_execute);
+        let wants = ladder::wanted(
+            snapshot,
+            self.settings.no_execute,
+            self.settings.slow_after,
+            std::time::SystemTime::now(),
+        );
         let mut first_error = None;
         let mut failed = BTreeMap::new();
         for (uuid, want) in &wants {

@@ -63,9 +63,18 @@ pub fn verdict(snapshot: &HealthSnapshot, now: SystemTime) -> HealthCheckRespons
             end.detail
         ));
     }
+    // A slow GPU is a warning: the node stays fit, and the answer names it for whoever
+    // reads it (a job deciding which ranks drag it).
+    let slow: Vec<String> = snapshot
+        .faults
+        .iter()
+        .filter(|f| f.code == crate::model::FaultCode::GpuSlow)
+        .map(|f| format!("{}: {}", f.label(), f.detail))
+        .collect();
     let output = serde_json::json!({
         "fail_count": failures.len(),
         "failures": failures,
+        "slow_gpus": slow,
         "node": snapshot.node_name,
     });
     let healthy = failures.is_empty();
@@ -226,6 +235,47 @@ mod tests {
         assert!(sick.error.contains("Xid 79"), "{}", sick.error);
         let output: serde_json::Value = serde_json::from_str(&sick.output).expect("json");
         assert_eq!(output["fail_count"], 1);
+    }
+
+    /// A slow GPU is a warning: the node stays fit, and the answer names it.
+    #[test]
+    fn a_slow_gpu_is_named_and_the_node_stays_fit() {
+        let mut model = HealthModel::for_test();
+        let pci: crate::model::PciAddress = "0000:3b:00.0".parse().expect("pci");
+        model.apply(crate::model::Observation::Poll {
+            source: crate::model::SourceKind::Nvml,
+            faults: vec![crate::model::FaultReport {
+                component: crate::model::Component::Gpu { pci },
+                code: crate::model::FaultCode::GpuSlow,
+                class: crate::model::Classification {
+                    name: "GPU_SLOW".into(),
+                    description: String::new(),
+                    nvidia_action: String::new(),
+                    severity: Severity::Warning,
+                    action: crate::model::Action::None,
+                },
+                source: crate::model::SourceKind::Nvml,
+                at: SystemTime::now(),
+                detail: "slow while busy: clock events: power brake".into(),
+                cursor: None,
+                drill: false,
+            }],
+            partial: Vec::new(),
+            inventory: crate::model::Inventory::Gpus {
+                gpus: Vec::new(),
+                driver_version: None,
+            },
+        });
+        let answer = verdict(&model.snapshot(KmsgStats::default()), SystemTime::now());
+        assert!(answer.success);
+        let output: serde_json::Value = serde_json::from_str(&answer.output).expect("json");
+        assert_eq!(output["fail_count"], 0);
+        assert!(
+            output["slow_gpus"][0]
+                .as_str()
+                .is_some_and(|s| s.contains("power brake")),
+            "{output}"
+        );
     }
 
     #[test]
