@@ -504,8 +504,8 @@ fn a_pod_holding_idle_gpus_for_the_window_is_told_once() {
     assert!(agent.stop().success());
 }
 
-/// Busy is not productive: a pod whose GPU runs a resident kernel with no tensor work (GPM)
-/// for the window is told apart from an idle one; a pod whose GPU does tensor work is
+/// Busy is not productive: a pod whose two GPUs run resident kernels with no tensor work
+/// (GPM) for the window gets one Event naming both, told apart from an idle one; a pod whose GPU does tensor work is
 /// productive in the funnel and told nothing.
 #[test]
 fn a_pod_busy_without_tensor_work_is_told_and_a_productive_one_counted() {
@@ -519,7 +519,7 @@ fn a_pod_busy_without_tensor_work_is_told_and_a_productive_one_counted() {
         "stuck-0",
         "rank",
         "nvidia.com/gpu",
-        &[&host.gpu_uuid(4)],
+        &[&host.gpu_uuid(3), &host.gpu_uuid(4)],
     );
     kubelet.assign(
         "ml",
@@ -529,11 +529,10 @@ fn a_pod_busy_without_tensor_work_is_told_and_a_productive_one_counted() {
         &[&host.gpu_uuid(5)],
     );
     let port = gpu_agent_e2e::free_port();
+    let waiting = "utilization = { gpu = 100, memory = 1 }\ngpm = { sm = 100.0, occupancy = 5.0, tensor = 0.0, dram_bw = 1.0 }";
     let scenario = NvmlScenario::healthy()
-        .gpu(
-            4,
-            "utilization = { gpu = 100, memory = 1 }\ngpm = { sm = 100.0, occupancy = 5.0, tensor = 0.0, dram_bw = 1.0 }",
-        )
+        .gpu(3, waiting)
+        .gpu(4, waiting)
         .gpu(
             5,
             "utilization = { gpu = 98, memory = 60 }\ngpm = { sm = 95.0, occupancy = 50.0, tensor = 55.0, dram_bw = 40.0 }",
@@ -551,7 +550,12 @@ fn a_pod_busy_without_tensor_work_is_told_and_a_productive_one_counted() {
     let event = events_on(&api, "stuck-0").remove(0);
     assert_eq!(event["reason"], "GPUHeldNotProductive");
     let message = event["message"].as_str().unwrap_or_default();
-    assert!(message.contains("busy with no tensor work"), "{message}");
+    assert!(
+        message.contains("GPU 3, GPU 4") && message.contains("busy with no tensor work"),
+        "{message}"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(events_on(&api, "stuck-0").len(), 1, "one Event per episode");
     assert!(events_on(&api, "train-0").is_empty(), "tensor work is work");
     let body = gpu_agent_e2e::http_get(port, "/metrics");
     for line in [
