@@ -258,6 +258,17 @@ mod tests {
         const FATAL: &str = "rdmap0s0: rdma_write_wr_err rising past 600/min";
         const WARN: &str = "rdmap0s0: rdma_write_wr_err rising past the warning rate";
 
+        /// One EFA poll at `secs` with the error rate over the fatal limit, or only over the
+        /// warning one.
+        fn rate(m: &mut HealthModel, secs: u64, over: bool) {
+            let seen = if over {
+                (Severity::Fatal, FATAL)
+            } else {
+                (Severity::Warning, WARN)
+            };
+            poll(m, secs, FaultCode::EfaErrors, Some(seen));
+        }
+
         #[test]
         fn a_fatal_rate_is_confirmed_over_a_window_and_does_not_decay_within_one() {
             let mut m = model();
@@ -293,18 +304,7 @@ mod tests {
             // warning), polled each second: once fatal it stays fatal until the rate has
             // been under the limit for a whole window.
             for t in 0..240 {
-                let over = t <= 60 || t % 8 < 5;
-                let severity = if over {
-                    Severity::Fatal
-                } else {
-                    Severity::Warning
-                };
-                poll(
-                    &mut m,
-                    t,
-                    errors,
-                    Some((severity, if over { FATAL } else { WARN })),
-                );
+                rate(&mut m, t, t <= 60 || t % 8 < 5);
                 seen.push(state(&m).map(|s| s.0));
             }
             seen.dedup();
@@ -323,20 +323,8 @@ mod tests {
         #[test]
         fn a_rate_never_sustained_for_a_window_stays_a_warning() {
             let mut m = model();
-            let errors = FaultCode::EfaErrors;
             for t in 0..240 {
-                let over = t % 8 < 5;
-                let severity = if over {
-                    Severity::Fatal
-                } else {
-                    Severity::Warning
-                };
-                poll(
-                    &mut m,
-                    t,
-                    errors,
-                    Some((severity, if over { FATAL } else { WARN })),
-                );
+                rate(&mut m, t, t % 8 < 5);
                 assert_eq!(state(&m).map(|s| s.0), Some(Severity::Warning), "{t}");
             }
         }

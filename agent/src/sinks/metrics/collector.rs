@@ -233,37 +233,28 @@ fn telemetry(encoder: &mut DescriptorEncoder, s: &HealthSnapshot) -> std::fmt::R
         row(&mut gen, "which", "max", t.pcie_gen_max.map(u64::from));
         row(&mut width, "which", "current", t.pcie_width.map(u64::from));
         row(&mut width, "which", "max", t.pcie_width_max.map(u64::from));
-        row(&mut busy, "which", "gpu", t.utilization_gpu.map(u64::from));
-        row(
-            &mut busy,
-            "which",
-            "memory",
-            t.utilization_memory.map(u64::from),
-        );
-        row(
-            &mut clock,
-            "which",
-            "current",
-            t.sm_clock_mhz.map(u64::from),
-        );
-        row(
-            &mut clock,
-            "which",
-            "max",
-            t.sm_clock_max_mhz.map(u64::from),
-        );
-        row(
-            &mut power,
-            "which",
-            "enforced",
-            t.power_limit_mw.map(u64::from),
-        );
-        row(
-            &mut power,
-            "which",
-            "default",
-            t.power_limit_default_mw.map(u64::from),
-        );
+        // Pairs of readings, each labelled `which`.
+        for (rows, pair) in [
+            (
+                &mut busy,
+                [("gpu", t.utilization_gpu), ("memory", t.utilization_memory)],
+            ),
+            (
+                &mut clock,
+                [("current", t.sm_clock_mhz), ("max", t.sm_clock_max_mhz)],
+            ),
+            (
+                &mut power,
+                [
+                    ("enforced", t.power_limit_mw),
+                    ("default", t.power_limit_default_mw),
+                ],
+            ),
+        ] {
+            for (which, value) in pair {
+                row(rows, "which", which, value.map(u64::from));
+            }
+        }
         row(
             &mut replay,
             "counter",
