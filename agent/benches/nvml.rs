@@ -1,6 +1,7 @@
 //! NVML poll cost: one full poll of 8 GPUs (identity, ECC, remapping, 18 NVLinks with three
 //! counters each, PCIe and its replay counter, clock events, utilisation, SM clocks, power
-//! limits, and the checks) through the real nvml-wrapper against the fake library.
+//! limits, a GPM sample each and the activity since the last, and the checks and the slow
+//! verdict) through the real nvml-wrapper against the fake library, as the daemon polls.
 //!
 //! ```sh
 //! cargo build --release -p fake-nvml
@@ -9,6 +10,7 @@
 
 use std::time::Instant;
 
+use gpu_agent::sources::nvml::gpm::Gpm;
 use gpu_agent::sources::nvml::{load, Poller, Settings};
 
 fn main() {
@@ -21,7 +23,7 @@ fn main() {
     let mut text = String::new();
     for i in 0..8 {
         text.push_str(&format!(
-            "[[gpu]]\npci = \"0000:{:02x}:00.0\"\nuuid = \"GPU-{i}\"\nname = \"NVIDIA H100 80GB HBM3\"\nnvlink.up = [{}]\n",
+            "[[gpu]]\npci = \"0000:{:02x}:00.0\"\nuuid = \"GPU-{i}\"\nname = \"NVIDIA H100 80GB HBM3\"\nnvlink.up = [{}]\nutilization = {{ gpu = 95, memory = 40 }}\ngpm = {{ sm = 90.0, occupancy = 40.0, tensor = 55.0, dram_bw = 30.0 }}\n",
             0x18 + i * 0x10,
             vec!["true"; 18].join(", ")
         ));
@@ -39,13 +41,14 @@ fn main() {
         baseline: None,
         slow: gpu_agent::sources::nvml::slow::Limits::default(),
     });
+    let mut gpm = Gpm::new(&nvml);
     for _ in 0..10 {
-        poller.poll(&nvml);
+        poller.poll_with(&nvml, Some(&mut gpm));
     }
     let rounds = 1_000;
     let started = Instant::now();
     for _ in 0..rounds {
-        poller.poll(&nvml);
+        poller.poll_with(&nvml, Some(&mut gpm));
     }
     let per_poll = started.elapsed() / rounds;
     println!(

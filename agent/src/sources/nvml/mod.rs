@@ -12,7 +12,7 @@
 mod checks;
 pub mod events;
 mod fabric;
-mod gpm;
+pub mod gpm;
 mod probe;
 mod raw;
 pub mod slow;
