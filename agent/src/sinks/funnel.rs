@@ -116,6 +116,10 @@ pub struct Stage {
     pub pods: Vec<(String, String)>,
     /// Allocated and busy.
     pub busy: bool,
+    /// Whether busy is known: a GPU that is not allocated is not busy in the funnel; an
+    /// allocated one whose utilisation NVML does not give (a GPU in MIG mode, an old
+    /// driver) is unknown, and never judged idle.
+    pub busy_known: bool,
     /// Busy with tensor work at or over the threshold; `None`: unknown (no GPM).
     pub productive: Option<bool>,
 }
@@ -124,7 +128,7 @@ impl Stage {
     /// Doing work, as far as the agent can tell: busy, and not known to be without tensor
     /// work.
     pub fn working(&self) -> bool {
-        self.busy && self.productive != Some(false)
+        !self.busy_known || (self.busy && self.productive != Some(false))
     }
 }
 
@@ -149,10 +153,9 @@ pub fn stages(
             pods.sort();
             pods.dedup();
             let telemetry = g.nvml.as_ref().map(|n| &n.telemetry);
-            let busy = !pods.is_empty()
-                && telemetry
-                    .and_then(|t| t.utilization_gpu)
-                    .is_some_and(|u| u >= busy_percent);
+            let utilization = telemetry.and_then(|t| t.utilization_gpu);
+            let busy_known = pods.is_empty() || utilization.is_some();
+            let busy = !pods.is_empty() && utilization.is_some_and(|u| u >= busy_percent);
             let productive = telemetry
                 .and_then(|t| t.tensor_active_percent)
                 .map(|tensor| busy && tensor >= productive_percent);
@@ -160,6 +163,7 @@ pub fn stages(
                 gpu: g.index,
                 pods,
                 busy,
+                busy_known,
                 productive,
             }
         })
@@ -172,7 +176,12 @@ impl FunnelMetrics {
         self.stage.clear();
         for s in stages {
             let allocated = !s.pods.is_empty();
-            let known = [Some(true), Some(allocated), Some(s.busy), s.productive];
+            let known = [
+                Some(true),
+                Some(allocated),
+                s.busy_known.then_some(s.busy),
+                s.productive,
+            ];
             for (stage, on) in STAGES.iter().zip(known) {
                 let Some(on) = on else { continue };
                 self.stage
@@ -501,7 +510,11 @@ mod tests {
             !stages[2].busy,
             "busy but held by no pod: not in the funnel's busy"
         );
-        assert!(!stages[3].busy, "utilisation unknown: not busy");
+        assert!(
+            !stages[3].busy && !stages[3].busy_known,
+            "utilisation unknown: not busy, not known idle"
+        );
+        assert!(stages[3].working(), "unknown is never judged idle");
 
         let metrics = FunnelMetrics::default();
         for _ in 0..6 {
@@ -548,6 +561,7 @@ mod tests {
             gpu,
             pods: vec![("ml".to_string(), pod.to_string())],
             busy,
+            busy_known: true,
             productive: None,
         };
         let after = Duration::from_secs(60);
