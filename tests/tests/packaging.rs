@@ -145,7 +145,8 @@ fn the_logind_drop_in_never_lowers_the_kubelets_shutdown_grace_period() {
     assert_eq!(effective, Some("300"), "{merged}");
 }
 
-/// Every `gpu_agent_*` metric the alert rules and the dashboard use is one the daemon serves.
+/// Every `gpu_agent_*` metric the alert rules and the dashboard use is one the daemon serves,
+/// and every help text ends in one period.
 #[test]
 fn monitoring_uses_only_metrics_the_agent_exports() {
     use gpu_agent_e2e::kube_api::KubeApi;
@@ -178,6 +179,15 @@ fn monitoring_uses_only_metrics_the_agent_exports() {
     std::thread::sleep(std::time::Duration::from_millis(500));
     let scrape = gpu_agent_e2e::http_get(port, "/metrics");
     drop(agent);
+    // prometheus-client ends each registered help text with a period of its own.
+    let doubled: Vec<&str> = scrape
+        .lines()
+        .filter(|l| l.starts_with("# HELP ") && l.ends_with(".."))
+        .collect();
+    assert!(
+        doubled.is_empty(),
+        "help texts ending in two periods: {doubled:#?}"
+    );
     let families: Vec<&str> = scrape
         .lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))

@@ -90,17 +90,17 @@ impl FunnelMetrics {
         let m = Self::default();
         registry.register(
             "gpu_agent_gpu_stage",
-            "Per GPU, 1 for each stage of the funnel it is in: present (NVML sees it), allocated (a pod holds it), busy (allocated, utilisation at or over [nvml] busy_percent).",
+            "Per GPU, 1 for each stage of the funnel it is in: present (NVML sees it), allocated (a pod holds it), busy (allocated, utilisation at or over [nvml] busy_percent)",
             m.stage.clone(),
         );
         registry.register(
             "gpu_agent_pod_gpu_seconds",
-            "GPU-seconds each pod held GPUs (state=allocated) and kept them busy (state=busy).",
+            "GPU-seconds each pod held GPUs (state=allocated) and kept them busy (state=busy)",
             m.seconds.clone(),
         );
         registry.register(
             "gpu_agent_pod_held_idle",
-            "1 while a pod holds GPUs and has kept none of them busy for [metrics] held_idle_after.",
+            "1 while a pod holds GPUs and has kept none of them busy for [metrics] held_idle_after",
             m.held_idle.clone(),
         );
         m

@@ -49,42 +49,42 @@ impl CheckpointMetrics {
         };
         registry.register(
             "gpu_agent_checkpoint_record_save_failures",
-            "Saves of the record of signalled notices that failed (a restart may then signal a notice again).",
+            "Saves of the record of signalled notices that failed (a restart may then signal a notice again)",
             m.record_save_failures.clone(),
         );
         registry.register(
             "gpu_agent_notices",
-            "Notices acted on, by kind.",
+            "Notices acted on, by kind",
             m.notices.clone(),
         );
         registry.register(
             "gpu_agent_checkpoint_targets_signalled",
-            "Processes signalled to checkpoint, by notice kind.",
+            "Processes signalled to checkpoint, by notice kind",
             m.signalled.clone(),
         );
         registry.register(
             "gpu_agent_checkpoint_targets_skipped",
-            "Processes holding a GPU that were not signalled, by reason.",
+            "Processes holding a GPU that were not signalled, by reason",
             m.skipped.clone(),
         );
         registry.register(
             "gpu_agent_checkpoint_signal_latency_seconds",
-            "From the notice (or its lead time) to the signals sent.",
+            "From the notice (or its lead time) to the signals sent",
             m.latency.clone(),
         );
         registry.register(
             "gpu_agent_checkpoint_confirmed",
-            "Signalled processes that confirmed their checkpoint (ack file or exit), by notice kind.",
+            "Signalled processes that confirmed their checkpoint (ack file or exit), by notice kind",
             m.confirmed.clone(),
         );
         registry.register(
             "gpu_agent_checkpoint_unconfirmed",
-            "Signalled processes that had not confirmed at the deadline, by notice kind.",
+            "Signalled processes that had not confirmed at the deadline, by notice kind",
             m.unconfirmed.clone(),
         );
         registry.register(
             "gpu_agent_checkpoint_confirm_seconds",
-            "From the signal to the last confirmation of a notice's processes.",
+            "From the signal to the last confirmation of a notice's processes",
             m.confirm_time.clone(),
         );
         m

@@ -48,17 +48,17 @@ impl SinkMetrics {
         };
         registry.register(
             "gpu_agent_kubernetes_condition",
-            "Owned node condition status as last written (1 = current).",
+            "Owned node condition status as last written (1 = current)",
             metrics.condition.clone(),
         );
         registry.register(
             "gpu_agent_kubernetes_api_errors",
-            "Failed Kubernetes API calls, by verb and status code.",
+            "Failed Kubernetes API calls, by verb and status code",
             metrics.errors.clone(),
         );
         registry.register(
             "gpu_agent_kubernetes_patch_duration_seconds",
-            "Latency of node status PATCH requests.",
+            "Latency of node status PATCH requests",
             metrics.patch_seconds.clone(),
         );
         metrics
