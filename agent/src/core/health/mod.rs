@@ -159,6 +159,8 @@ impl HealthModel {
             }
             self.logged.remove(&key);
             self.episodes.remove(&key);
+            self.pending.remove(&key);
+            self.last_fatal.remove(&key);
             self.recurrence.remove(&recurrence_key(&key));
         }
         if selector.is_none() {
@@ -605,6 +607,7 @@ impl HealthModel {
         if let Some(key) = victim {
             self.faults.remove(&key);
             self.logged.remove(&key);
+            self.last_fatal.remove(&key);
         }
     }
 
