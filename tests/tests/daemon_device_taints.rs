@@ -389,12 +389,14 @@ fn a_restart_with_a_fenced_gpu_keeps_the_node_condition_true() {
             .snapshot()
             .is_some_and(|s| s["gpus"][3]["fence"]["effect"] == "NoSchedule")
     });
-    std::thread::sleep(Duration::from_secs(1));
-    let written = hw_statuses_written(&api, before);
-    assert!(
-        !written.is_empty(),
-        "the condition was written after the restart"
+    // The first write after the restart may come a while after the snapshot under load:
+    // wait for it, then every write since the restart must be True.
+    wait(
+        Duration::from_secs(10),
+        "the condition written after the restart",
+        || !hw_statuses_written(&api, before).is_empty(),
     );
+    let written = hw_statuses_written(&api, before);
     assert!(
         written.iter().all(|s| s == "True"),
         "never False for a fenced GPU: {written:?}"
