@@ -141,17 +141,24 @@ fi
 echo "aarch64.sh: the binary needs glibc up to $newest"
 
 # Under qemu-user, inside the root (its arm64 libc and loader): the one-shot commands, then
-# the daemon with its embedded default config (in the root, its state and sockets are the
-# root's own; no GPU, not EC2, no Kubernetes: those parts are off and say why) answering
-# `status` from a second aarch64 process, then a clean stop on SIGTERM.
+# the daemon with the default config but the fault path's timers shortened (in the root, its
+# state and sockets are the root's own; no GPU, not EC2, no Kubernetes: those parts are off
+# and say why) answering `status` from a second aarch64 process, saying what became of its
+# fault path, then a clean stop on SIGTERM.
 agent=(qemu-aarch64 "/target/$triple/debug/gpu-agent")
 in_root "${agent[@]}" --help | grep -q "Usage: gpu-agent"
 in_root "${agent[@]}" default-config >"$root/tmp/aarch64-config.toml"
 in_root "${agent[@]}" --config /tmp/aarch64-config.toml check
+# The daemon below runs the embedded defaults but for the fault path's timers (soon, so the
+# lock is seen): a config of its own.
+sed -e 's/^page_out_after = .*/page_out_after = "1s"/' \
+  -e 's/^fault_path_watch = .*/fault_path_watch = "2s"/' \
+  "$root/tmp/aarch64-config.toml" >"$root/tmp/aarch64-run.toml"
+grep -q '^fault_path_watch = "2s"' "$root/tmp/aarch64-run.toml"
 # Not through in_root (a function: in the background it would be a subshell, and $! its pid):
 # chroot, env and sh each exec the next, so $! is the agent's own process under qemu.
 chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
-  sh -c 'rm -f /tmp/aarch64-agent.log; exec "$@" run >/tmp/aarch64-agent.log 2>&1' sh "${agent[@]}" &
+  sh -c 'rm -f /tmp/aarch64-agent.log; exec "$@" --config /tmp/aarch64-run.toml run >/tmp/aarch64-agent.log 2>&1' sh "${agent[@]}" &
 daemon=$!
 answered=""
 for _ in $(seq 1 300); do
@@ -171,6 +178,39 @@ if [ -z "$answered" ]; then
   exit 1
 fi
 echo "$status" | head -3
+# The fault path's lock (host::resident): hand back after 1 s, lock after a 2 s watch. The
+# daemon must come to a verdict and say it, and what it says it locked is locked (VmLck).
+# Under qemu-user, whose /proc/self/smaps is not the kernel's (no page resident), it must
+# decline to hand anything back and say why.
+said=""
+for _ in $(seq 1 300); do
+  said="$(in_root "${agent[@]}" status 2>/dev/null | sed -n 's/^Fault path: //p' || true)"
+  case "$said" in
+    "" | *"not handed back yet"* | "start-up pages handed back; watching"*) ;;
+    *) break ;;
+  esac
+  sleep 0.1
+done
+echo "aarch64.sh: fault path: $said"
+case "$said" in
+  *"KiB of code and data locked"*)
+    locked_kib="${said%% KiB*}"
+    vmlck="$(sed -n 's/^VmLck: *\([0-9]*\) kB/\1/p' "/proc/$daemon/status")"
+    if [ "${vmlck:-0}" -lt "$locked_kib" ]; then
+      echo "aarch64.sh: the daemon says $locked_kib KiB locked; VmLck is ${vmlck:-0} kB" >&2
+      exit 1
+    fi ;;
+  "NOT LOCKED ("* | "every page of the program kept mapped ("*) ;;
+  *)
+    echo "aarch64.sh: the aarch64 daemon never said what became of its fault path; its log:" >&2
+    cat "$root/tmp/aarch64-agent.log" >&2
+    exit 1 ;;
+esac
+if ! kill -0 "$daemon" 2>/dev/null; then
+  echo "aarch64.sh: the aarch64 daemon died; its log:" >&2
+  cat "$root/tmp/aarch64-agent.log" >&2
+  exit 1
+fi
 kill -TERM "$daemon"
 wait "$daemon" || {
   echo "aarch64.sh: the aarch64 daemon did not stop cleanly; its log:" >&2

@@ -11,7 +11,8 @@
 #     second run, or a fresh clone on the same machine, installs nothing;
 #   - the real trainers' Python packages (tests/python/requirements.txt: torch, PyTorch
 #     Lightning, gRPC) into a virtual environment in the same cache, keyed by that file;
-# then runs `cargo test --workspace --locked --no-fail-fast` with those tools on PATH.
+# then runs `cargo test --workspace --locked --no-fail-fast` with those tools on PATH, and
+# (with no arguments) the fault path's lock test again on the release build.
 # Plain `cargo test --workspace` works too once the tools are installed and on PATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -93,3 +94,13 @@ export GPU_AGENT_TRAINER_PYTHON="$venv/bin/python"
 phase "set-up done; cargo test --workspace"
 cargo test --workspace --locked --no-fail-fast "$@"
 phase "tests done"
+
+# The fault path's lock on the release build, as it ships (tests/tests/fault_path_lock.rs):
+# after the hand-back and a dropped page cache, a kernel-log fault and a Spot notice read
+# nothing from the disk. Only for the whole suite (no arguments).
+if [ $# -eq 0 ]; then
+  cargo build --release --locked -p gpu-agent --bin gpu-agent
+  GPU_AGENT_BIN="$PWD/target/release/gpu-agent" \
+    cargo test --locked -p gpu-agent-e2e --test fault_path_lock
+  phase "the release build's fault path checked"
+fi

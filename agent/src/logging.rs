@@ -32,3 +32,17 @@ pub fn init(default_level: &str) {
         )
         .init();
 }
+
+/// A subscriber that formats what the daemon's own would (at its level) and writes it
+/// nowhere: the fault-path rehearsal (`commands::rehearse`) runs the formatting of its log
+/// lines, so their code is among the pages locked, and logs nothing.
+pub fn discarding() -> tracing::Dispatch {
+    let level = tracing::level_filters::LevelFilter::current();
+    tracing::Dispatch::new(
+        tracing_subscriber::registry().with(level).with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::sink)
+                .with_target(false),
+        ),
+    )
+}

@@ -99,8 +99,8 @@ pub struct KubeApi {
 }
 
 impl KubeApi {
-    /// Start on a free loopback port with these nodes (each with a kubelet-owned `Ready`
-    /// condition, which the agent must never touch).
+    /// Start on a free loopback port with these nodes (each with the kubelet's labels and a
+    /// kubelet-owned `Ready` condition, which the agent must never touch).
     pub fn start(nodes: &[&str]) -> Self {
         let mut map = BTreeMap::new();
         for (i, name) in nodes.iter().enumerate() {
@@ -108,7 +108,13 @@ impl KubeApi {
                 name.to_string(),
                 json!({
                     "apiVersion": "v1", "kind": "Node",
-                    "metadata": { "name": name, "uid": format!("uid-{i}"), "resourceVersion": "1" },
+                    // The labels the kubelet registers a node with (a Node is never bare).
+                    "metadata": { "name": name, "uid": format!("uid-{i}"), "resourceVersion": "1",
+                        "labels": {
+                            "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                            "kubernetes.io/arch": "amd64",
+                            "node.kubernetes.io/instance-type": "p5.48xlarge"
+                        } },
                     "status": { "conditions": [
                         { "type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status",
                           "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z" }

@@ -185,39 +185,6 @@ fn a_flood_of_identical_lines_is_one_fault_with_a_count_and_two_log_lines() {
     assert!(agent.stop().success());
 }
 
-/// Issues 21 and 30: start-up's pages are handed back only where the fault path's code can
-/// stay locked. These tests run a debug build, which has no fault-path layout (only x86_64
-/// release builds do; `host::resident`'s unit tests lock and hand back for real, and
-/// BENCHMARKS.md measures the release build): it keeps all its pages, says why, and finds
-/// faults as ever.
-#[test]
-fn a_build_without_the_fault_path_layout_keeps_its_pages() {
-    let host = Host::new();
-    let agent = Agent::start(&host.config("page_out_after = \"200ms\"\n"), &host.socket());
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    let line = loop {
-        if let Some(l) = agent.log().lines().find(|l| l.contains("Start-up pages")) {
-            break l.to_string();
-        }
-        assert!(std::time::Instant::now() < deadline, "{}", agent.log());
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(line.contains("Start-up pages stay resident"), "{line}");
-    assert!(line.contains("does not lay out its fault path"), "{line}");
-    inject(&format!(
-        "NVRM: Xid (PCI:{}): 79, pid=1234, name=python3, GPU has fallen off the bus.",
-        host.gpu_bdf(1)
-    ));
-    let s = agent.wait_for(SECOND, |s| fault(s, &host, "xid", Some(79)).is_some());
-    assert_eq!(
-        gpu_of(fault(&s, &host, "xid", Some(79)).expect("Xid 79")),
-        Some(1)
-    );
-    let (code, text) = agent.status(false);
-    assert_eq!(code, 1, "{text}");
-    assert!(agent.stop().success());
-}
-
 #[test]
 fn check_reads_this_boot_without_a_daemon() {
     let host = Host::new();

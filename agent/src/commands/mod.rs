@@ -4,6 +4,7 @@ pub mod check;
 pub mod drill;
 pub mod inject;
 pub mod kubelet_config;
+mod rehearse;
 pub mod run;
 mod settings;
 pub mod status;
@@ -21,7 +22,7 @@ use crate::sources::kmsg;
 pub const EXIT_UNREACHABLE: u8 = 2;
 
 /// What `run` and `check` learn about the host before they start.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct HostFacts {
     /// Node name as resolved at start (the Kubernetes sink resolves it again when needed).
     pub node_name: crate::model::NodeName,

@@ -52,13 +52,21 @@ async fn daemon(loaded: Loaded) -> anyhow::Result<u8> {
 
     let (core, handle, snapshots) = Core::new(model, store, Arc::clone(&counters));
     let core_task = tokio::spawn(core.run(rx, shutdown.clone()));
-    start_sinks(
+    let locks = tx.clone();
+    let kubernetes = start_sinks(
         &config, &host, &snapshots, &handle, &counters, tx, &shutdown,
     )
     .await;
     tokio::spawn(systemd::run(snapshots.clone(), handle, shutdown.clone()));
     announce_ready(&snapshots).await;
-    crate::host::resident::hand_back_after(config.page_out_after.0);
+    tokio::spawn(crate::host::resident::run(
+        settings::resident(&config),
+        super::rehearse::rehearsal(&config, &host, kubernetes),
+        move |lock| {
+            let locks = locks.clone();
+            tokio::spawn(async move { locks.send(Observation::FaultPathLock(lock)).await });
+        },
+    ));
 
     tokio::select! {
         _ = sigterm.recv() => tracing::info!("SIGTERM received; stopping."),
@@ -190,7 +198,8 @@ fn start_sources(
 
 /// Every sink, and the sources that need a client (they share the sinks' queue to the
 /// core): the status socket, NVRx, Kubernetes (conditions, fencing, pod Events), the
-/// checkpoint sink, metrics.
+/// checkpoint sink, metrics. Returns the Kubernetes connection, for the fault paths'
+/// rehearsal.
 async fn start_sinks(
     config: &Config,
     host: &HostFacts,
@@ -199,7 +208,7 @@ async fn start_sinks(
     counters: &Arc<crate::model::KmsgCounters>,
     sink_tx: mpsc::Sender<Observation>,
     shutdown: &crate::shutdown::Shutdown,
-) {
+) -> super::rehearse::Kubernetes {
     let mut registry = Registry::default();
     // Which pod holds which GPU: asked only when a fault, a signal or `status` needs it.
     #[cfg(feature = "clients")]
@@ -295,6 +304,10 @@ async fn start_sinks(
     if config.metrics.enabled {
         serve_metrics(config, registry, snapshots, counters, shutdown).await;
     }
+    #[cfg(feature = "clients")]
+    return kubernetes;
+    #[cfg(not(feature = "clients"))]
+    None
 }
 
 /// The admin socket `gpu-agent status` and `clear` talk to.

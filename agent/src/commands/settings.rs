@@ -194,3 +194,11 @@ pub fn imex(config: &Config) -> crate::sources::imex::Settings {
         nvlink_domain: crate::host::instance_types::nvlink_domain(&config.sysfs.root),
     }
 }
+
+/// When the daemon hands its start-up pages back and locks its fault path.
+pub fn resident(config: &Config) -> crate::host::resident::Settings {
+    crate::host::resident::Settings {
+        after: config.page_out_after.0,
+        watch: config.fault_path_watch.0,
+    }
+}

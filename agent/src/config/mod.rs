@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 pub use checkpoint::{CheckpointConfig, LeadConfig};
 pub use duration::HumanDuration;
-use duration::{DAY, MINUTE};
+use duration::{DAY, MINUTE, SECOND};
 pub use ec2::Ec2Config;
 pub use efa::EfaConfig;
 pub use host::{ProcfsConfig, SysfsConfig};
@@ -100,12 +100,18 @@ pub struct Config {
     /// The window of `escalate_after_boots` and `escalate_after_repeats`.
     pub escalate_window: HumanDuration<MINUTE, { 30 * DAY }>,
     /// After the daemon has run this long, the pages of its own program that start-up
-    /// touched are unmapped from it (`MADV_DONTNEED`; they stay in the page cache), except the
-    /// fault path's code, which the build lays out as one region and which stays locked
-    /// (`mlock`): code that ran once does not stay resident, and a fault never waits for its
-    /// code to be read from the disk. A build without the layout keeps all its pages. `0s`:
-    /// never. Default 1 minute.
+    /// touched are unmapped from it (`MADV_DONTNEED`; they stay in the page cache): code that
+    /// ran once does not stay resident. The pages the fault path needs are found at run time
+    /// (every fault path rehearsed once with no effect, the steady state watched for
+    /// `fault_path_watch`) and locked (`mlock`), so a fault never waits for its code to be
+    /// read from the disk; if they cannot be locked, nothing is handed back and `status` says
+    /// so. `0s`: never hand back (every page kept). Default 1 minute.
     pub page_out_after: HumanDuration<0, DAY>,
+    /// How long the steady state runs after the hand-back before the pages it mapped again
+    /// are locked (long enough for every periodic task to run: the Node heartbeat is one
+    /// minute), and how often pages mapped since outside the lock are looked for and locked
+    /// too. Default 2 minutes.
+    pub fault_path_watch: HumanDuration<SECOND, DAY>,
     /// The status socket.
     pub status: StatusConfig,
     /// The kernel-log source.
@@ -149,6 +155,7 @@ impl Default for Config {
             escalate_after_repeats: 5,
             escalate_window: HumanDuration(std::time::Duration::from_secs(24 * 3600)),
             page_out_after: HumanDuration(std::time::Duration::from_secs(60)),
+            fault_path_watch: HumanDuration(std::time::Duration::from_secs(120)),
             status: StatusConfig::default(),
             kmsg: KmsgConfig::default(),
             sysfs: SysfsConfig::default(),

@@ -28,8 +28,9 @@ pub use notice::{CheckpointReport, DeclaredLead, Notice, NoticeKind};
 pub use pci::{PciAddress, PciAddressError};
 pub use reason::{reason, WHOLE_NODE};
 pub use snapshot::{
-    GpuFabric, GpuIdentity, GpuStatus, GpuTelemetry, Health, HealthSnapshot, HeldIdle,
-    KmsgCounters, KmsgStats, NodeCondition, PendingEnd, SinkStatus, SourceState, SourceStatus,
+    FaultPathLock, GpuFabric, GpuIdentity, GpuStatus, GpuTelemetry, Health, HealthSnapshot,
+    HeldIdle, KmsgCounters, KmsgStats, NodeCondition, PendingEnd, SinkStatus, SourceState,
+    SourceStatus,
 };
 
 /// FNV-1a of `text`: a hash stable across runs and builds, for deterministic object names
@@ -70,6 +71,8 @@ pub enum Observation {
     /// The pods holding GPUs and keeping none busy for the funnel's window (the funnel
     /// sink; shown by `status`).
     HeldIdle(Vec<HeldIdle>),
+    /// Whether the fault path's pages are locked in memory (`host::resident`).
+    FaultPathLock(FaultPathLock),
     /// A polling source's complete view: these faults are all it sees now (faults it
     /// reported before and not now have cleared), and what it enumerated.
     Poll {

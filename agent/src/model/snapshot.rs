@@ -214,6 +214,42 @@ pub struct HeldIdle {
     pub busy_without_tensor_work: bool,
 }
 
+/// Whether the code and data the fault path runs are locked in memory (`host::resident`):
+/// after start-up the agent hands its program's pages back, watches which it maps again
+/// (the steady state, and every fault path rehearsed once), and locks those.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "kebab-case")]
+pub enum FaultPathLock {
+    /// Every page of the program stays mapped: the hand-back has not run yet, or is off.
+    Kept {
+        /// Why (`page_out_after = 0`, not handed back yet).
+        reason: String,
+    },
+    /// Start-up's pages are handed back; the pages used again are being watched.
+    Watching,
+    /// The working set is locked; the rest of the program is handed back.
+    Locked {
+        /// Locked, KiB.
+        locked_kib: u64,
+        /// Of which locked later, when code outside the first set ran (0: the set held).
+        grown_kib: u64,
+    },
+    /// The working set could not be locked, so nothing is handed back: every page stays
+    /// mapped (and reclaimable under memory pressure).
+    Refused {
+        /// Why (the `mlock` error; `LimitMEMLOCK` too low).
+        reason: String,
+    },
+}
+
+impl Default for FaultPathLock {
+    fn default() -> Self {
+        Self::Kept {
+            reason: "not handed back yet".into(),
+        }
+    }
+}
+
 /// A Node condition as gpu-agent last wrote it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeCondition {
@@ -369,6 +405,9 @@ pub struct HealthSnapshot {
     /// Pods holding GPUs that none of them kept busy for the funnel's window.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held_idle: Vec<HeldIdle>,
+    /// Whether the fault path's pages are locked in memory.
+    #[serde(default)]
+    pub fault_path_lock: FaultPathLock,
     /// What per-GPU fencing can do on this node; `None`: off (no DRA driver, no
     /// DeviceTaintRule API, turned off, or no Kubernetes).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -69,6 +69,7 @@ pub struct HealthModel {
     conditions: Vec<crate::model::NodeCondition>,
     /// Pods holding GPUs and keeping none busy, as the funnel last reported them.
     held_idle: Vec<crate::model::HeldIdle>,
+    fault_path_lock: crate::model::FaultPathLock,
     /// How each polling source's conditions are set and cleared.
     rules: condition::Rules,
     /// Fatal sightings not yet confirmed: who saw each, and since when it has been seen on
@@ -115,6 +116,7 @@ impl HealthModel {
             fencing: None,
             conditions: Vec::new(),
             held_idle: Vec::new(),
+            fault_path_lock: crate::model::FaultPathLock::default(),
             rules: condition::Rules::default(),
             pending: HashMap::new(),
             last_fatal: HashMap::new(),
@@ -284,6 +286,11 @@ impl HealthModel {
             Observation::Conditions(conditions) => {
                 let changed = self.conditions != conditions;
                 self.conditions = conditions;
+                changed
+            }
+            Observation::FaultPathLock(lock) => {
+                let changed = self.fault_path_lock != lock;
+                self.fault_path_lock = lock;
                 changed
             }
             Observation::HeldIdle(pods) => {

@@ -181,6 +181,7 @@ impl HealthModel {
             imex: self.imex.clone(),
             conditions: self.conditions.clone(),
             held_idle: self.held_idle.clone(),
+            fault_path_lock: self.fault_path_lock.clone(),
             fencing: self.fencing.clone(),
             holders: None,
             leads: self.leads.iter().map(|(k, v)| (*k, *v)).collect(),

@@ -310,6 +310,57 @@ fn spawn_saver(
     (saves, saver)
 }
 
+/// The checkpoint fault path run once, with nothing sent: the scan for the processes a
+/// notice would signal (their `SigCgt` read and judged), and the pidfd send path up to its
+/// start-time check on this agent's own process, given a start time it cannot have, so it
+/// stops before any signal (`host::resident` locks what this maps). The candidates found.
+pub fn rehearse(selection: &Selection) -> usize {
+    let candidates = scan(selection).len();
+    // This process, in its own procfs (never `[procfs] root`, where the same PID may be
+    // another process).
+    let procfs = std::path::Path::new("/proc");
+    let me = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
+    if let Some(stat) = proc_facts::stat(procfs, me) {
+        // Never this process's start time: `send` finds the PID "reused" and sends nothing.
+        let not_mine = stat.start_time.wrapping_add(1);
+        let _ = send(procfs, me, not_mine, selection.signal);
+        let _ = proc_facts::sigcgt(procfs, me)
+            .map(|mask| crate::model::signal::caught(&mask, selection.signal));
+    }
+    candidates
+}
+
+/// The act on a notice run once, with nothing to signal and no one told: `settings` as the
+/// sink runs with, but a procfs where no process lives, no Kubernetes, no notice or ack
+/// file, and metrics, record and reports of its own; the act's bookkeeping, its log lines
+/// and the watch of what it signalled (nothing) run as they would for `notice`.
+pub async fn rehearse_act(mut settings: Settings, notice: &Notice, snapshot: &HealthSnapshot) {
+    settings.selection.procfs = settings.state_file.with_file_name("no-procfs-here");
+    settings.notice_file = None;
+    settings.ack_dir = None;
+    #[cfg(feature = "clients")]
+    {
+        settings.kubernetes = None;
+        settings.pod_resources = None;
+    }
+    let metrics =
+        CheckpointMetrics::register(&mut prometheus_client::registry::Registry::default());
+    let (reports, _kept) = mpsc::channel(16);
+    let (late, _late_kept) = mpsc::unbounded_channel();
+    let mut record = Record::default();
+    let scope = Scope {
+        declared: &ByPod::default(),
+        only_pods: None,
+        early: Vec::new(),
+        late: &late,
+    };
+    let sent = act(
+        &settings, &metrics, &reports, &record, notice, snapshot, scope,
+    )
+    .await;
+    record.remember(notice, sent);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

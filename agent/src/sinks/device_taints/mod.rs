@@ -55,6 +55,37 @@ pub const SINK: &str = "device-taints";
 const MIN_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
+/// The sink's fault path run once, with no request: the fences `snapshot` calls for, and a
+/// rule and its patch for a made-up GPU at `NoExecute`, built and dropped
+/// (`host::resident` locks what this maps). The bytes built.
+pub fn rehearse(snapshot: &HealthSnapshot) -> usize {
+    let owner = NodeOwner {
+        name: snapshot.node_name.clone(),
+        uid: "rehearsal".into(),
+        instance: None,
+    };
+    let mut wanted = wanted(snapshot, false, None, std::time::SystemTime::now());
+    wanted.insert(
+        "GPU-rehearsal".into(),
+        Want {
+            effect: TaintEffect::NoExecute,
+            reason: "NvidiaXID79Error".into(),
+            faults: vec!["Xid 79 (reboot)".into()],
+        },
+    );
+    wanted
+        .iter()
+        .map(|(uuid, want)| {
+            ladder::rule("v1", &owner, "gpu-0", uuid, want.effect, want)
+                .to_string()
+                .len()
+                + ladder::patch(&owner, uuid, want.effect, want)
+                    .to_string()
+                    .len()
+        })
+        .sum()
+}
+
 /// What the sink needs.
 #[derive(Debug, Clone)]
 pub struct Settings {

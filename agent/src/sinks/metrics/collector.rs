@@ -9,7 +9,9 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
-use crate::model::{Component, FaultCode, Health, HealthSnapshot, KmsgCounters, SourceState};
+use crate::model::{
+    Component, FaultCode, FaultPathLock, Health, HealthSnapshot, KmsgCounters, SourceState,
+};
 
 /// Reads the latest snapshot on every scrape.
 #[derive(Debug)]
@@ -74,6 +76,31 @@ fn family<L: prometheus_client::encoding::EncodeLabelSet>(
         }
     }
     Ok(())
+}
+
+/// Whether the fault path's pages are locked in memory, and how much is.
+fn fault_path(encoder: &mut DescriptorEncoder, s: &HealthSnapshot) -> std::fmt::Result {
+    let (state, locked_kib) = match &s.fault_path_lock {
+        FaultPathLock::Kept { .. } => ("kept", 0),
+        FaultPathLock::Watching => ("watching", 0),
+        FaultPathLock::Locked { locked_kib, .. } => ("locked", *locked_kib),
+        FaultPathLock::Refused { .. } => ("refused", 0),
+    };
+    let states = ["kept", "watching", "locked", "refused"]
+        .map(|st| ([("state", st.to_string())], u64::from(st == state)));
+    family(
+        encoder,
+        "gpu_agent_fault_path_lock",
+        "1 for the fault path lock's state: kept (every page mapped, not handed back), watching (start-up pages handed back, the working set being found), locked, refused (the working set could not be locked, nothing handed back).",
+        prometheus_client::metrics::MetricType::Gauge,
+        &states,
+    )?;
+    gauge(
+        encoder,
+        "gpu_agent_fault_path_locked_bytes",
+        "Bytes of the program's code and read-only data locked in memory for the fault path.",
+        i64::try_from(locked_kib.saturating_mul(1024)).unwrap_or(i64::MAX),
+    )
 }
 
 /// Per EFA device: each counter's rate and the link.
@@ -511,6 +538,7 @@ impl Collector for SnapshotCollector {
         telemetry(&mut encoder, &s)?;
         fabric(&mut encoder, &s)?;
         fenced(&mut encoder, &s)?;
+        fault_path(&mut encoder, &s)?;
         efa(&mut encoder, &s)
     }
 }

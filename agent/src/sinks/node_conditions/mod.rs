@@ -51,6 +51,25 @@ pub struct Settings {
     pub await_fencing: bool,
 }
 
+/// The sink's fault path run once, with no request: the conditions `snapshot` calls for,
+/// their PATCH, and the Node Events of its faults, built and dropped (`host::resident`
+/// locks what this maps). The bytes built.
+pub fn rehearse(snapshot: &HealthSnapshot, types: &ConditionTypes) -> usize {
+    let now = SystemTime::now();
+    let wanted: Vec<(Desired, SystemTime)> = desired(snapshot, types, now)
+        .into_iter()
+        .map(|d| (d, now))
+        .collect();
+    let patch = conditions::patch(&wanted, now).to_string();
+    let events = events::Posted::default().pending(
+        &snapshot.node_name,
+        "rehearsal",
+        &snapshot.faults,
+        Instant::now(),
+    );
+    patch.len() + events.len()
+}
+
 /// The longest the first write waits for the device-taints sink's first report.
 pub const FENCING_WAIT: Duration = Duration::from_secs(2);
 

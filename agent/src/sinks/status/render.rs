@@ -2,7 +2,30 @@
 
 use std::fmt::Write;
 
-use crate::model::{Component, Health, HealthSnapshot, SourceState};
+use crate::model::{Component, FaultPathLock, Health, HealthSnapshot, SourceState};
+
+/// The `Fault path:` line: whether what a fault runs is locked in memory.
+fn fault_path(lock: &FaultPathLock) -> String {
+    match lock {
+        FaultPathLock::Kept { reason } => format!("every page of the program kept mapped ({reason})"),
+        FaultPathLock::Watching => {
+            "start-up pages handed back; watching which pages the agent uses before locking them".into()
+        }
+        FaultPathLock::Locked {
+            locked_kib,
+            grown_kib: 0,
+        } => format!("{locked_kib} KiB of code and data locked in memory; the rest handed back"),
+        FaultPathLock::Locked {
+            locked_kib,
+            grown_kib,
+        } => format!(
+            "{locked_kib} KiB of code and data locked in memory, {grown_kib} KiB of it added after code outside the first set ran; the rest handed back"
+        ),
+        FaultPathLock::Refused { reason } => format!(
+            "NOT LOCKED ({reason}); nothing handed back, every page kept mapped but reclaimable"
+        ),
+    }
+}
 
 /// Render a snapshot as the table `gpu-agent status` and `check` print.
 pub fn render(s: &HealthSnapshot) -> String {
@@ -64,6 +87,7 @@ pub fn render(s: &HealthSnapshot) -> String {
             .collect();
         let _ = writeln!(out, "Node conditions: {}", written.join(", "));
     }
+    let _ = writeln!(out, "Fault path: {}", fault_path(&s.fault_path_lock));
     for h in &s.held_idle {
         let gpus: Vec<String> = h.gpus.iter().map(|g| format!("GPU {g}")).collect();
         let how = if h.busy_without_tensor_work {

@@ -271,6 +271,31 @@ impl RecordReader {
     }
 }
 
+/// The kernel-log fault path run once, with no effect: a made-up kernel Xid 79 record on
+/// `pci`, and the same line as a program would write it, read from a file in memory by the
+/// record reader and judged by a fresh reader (its own counters) into a fault report, sent
+/// nowhere (`host::resident` locks what this maps).
+pub fn rehearse(settings: Settings, pci: crate::model::PciAddress) -> Option<FaultReport> {
+    use std::io::{Seek, Write};
+    let bus = pci.to_string();
+    let bus = bus.rsplit_once('.').map_or(bus.as_str(), |(b, _)| b);
+    let message =
+        format!("NVRM: Xid (PCI:{bus}): 79, pid=1, name=rehearsal, GPU has fallen off the bus.");
+    let mut file = std::fs::File::from(
+        rustix::fs::memfd_create("kmsg-rehearsal", rustix::fs::MemfdFlags::CLOEXEC).ok()?,
+    );
+    write!(file, "3,1,1000000,-;{message}\n12,2,1000001,-;{message}\n").ok()?;
+    file.rewind().ok()?;
+    let mut log = record::Reader::from_file(file);
+    let mut reader = RecordReader::new(settings, Arc::new(KmsgCounters::default()));
+    let mut first = None;
+    while let Ok(Next::Record(record)) = log.read_next() {
+        let report = reader.on_record(&record);
+        first = first.or(report);
+    }
+    first
+}
+
 /// Build a fault report from one kernel-log message, or `None` if it is not a fault line on
 /// its own (the first record of a multi-record notice, or its tail: the reader joins those).
 pub fn report(

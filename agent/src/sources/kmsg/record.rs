@@ -110,11 +110,16 @@ impl Reader {
             .read(true)
             .custom_flags(flags)
             .open(path)?;
-        Ok(Self {
+        Ok(Self::from_file(file))
+    }
+
+    /// Read records from an open file (a dump of the log, or one held in memory).
+    pub fn from_file(file: File) -> Self {
+        Self {
             file,
             buf: vec![0; READ_BUFFER],
             pending: String::new(),
-        })
+        }
     }
 
     /// The next record, skipping continuation lines. Errors are I/O errors other than an
