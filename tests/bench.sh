@@ -4,9 +4,10 @@
 #   sudo tests/bench.sh [all|size|footprint|latency|flood|throughput]   (default: all)
 #
 # Knobs: FOOTPRINT_SECS (600), FOOTPRINT_RUNS (1), FOOTPRINT_PAGE_OUT_AFTER (the config's
-# page_out_after; default 1m, as the daemon's: the idle window opens 70 s after start, after
-# the hand-back; 0s measures without it), PRESSURE_RUNS
-# (20), FLOOD_RATE (100000), FLOOD_SECS (60). Run `cargo bench -p gpu-agent --no-default-features` only after the
+# page_out_after; default 1m, as the daemon's), FOOTPRINT_FAULT_PATH_WATCH (default 2m, as the
+# daemon's: the idle window opens once the fault path is locked, about 3 min after start;
+# a page_out_after of 0s measures without the hand-back), PRESSURE_RUNS (20), FLOOD_RATE
+# (100000), FLOOD_SECS (60). Run `cargo bench -p gpu-agent --no-default-features` only after the
 # footprint: cargo puts that build's binary (no network clients) at target/release/gpu-agent.
 # The flood overwrites the shared kernel log and the latency runs inject into it: run this
 # alone, not beside the test suite.

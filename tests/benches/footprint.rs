@@ -11,10 +11,10 @@
 //! sink), `...+efa` (the EFA devices), or `all` (default). Besides RSS and CPU it prints where the resident memory is, from
 //! `/proc/PID/smaps`: the binary's own pages, shared libraries, heap and other anonymous
 //! memory, stacks, and `smaps_rollup`'s RSS, PSS and anonymous memory. The idle window opens
-//! 70 s after start, after the daemon has handed start-up's pages back to the kernel (its
-//! default `page_out_after = "1m"`; `FOOTPRINT_PAGE_OUT_AFTER` sets it: "0s" measures what stays
-//! mapped without the hand-back). `FOOTPRINT_HOLD=SECS`: after the first Xid, inject one line of each other kind of Xid
-//! and wait that long before stopping the daemon (`scripts/hot-path-order.sh` profiles it).
+//! once the daemon has handed start-up's pages back to the kernel and locked its fault path
+//! (its defaults `page_out_after = "1m"` and `fault_path_watch = "2m"`: about 3 minutes after
+//! start; `FOOTPRINT_PAGE_OUT_AFTER` and `FOOTPRINT_FAULT_PATH_WATCH` set them: a
+//! `page_out_after` of "0s" measures what stays mapped without the hand-back).
 //!
 //! `sudo tests/bench.sh footprint`, or
 //! `sudo GPU_AGENT_BIN=target/release/gpu-agent FOOTPRINT_SECS=600 \
@@ -67,7 +67,8 @@ fn main() {
     // "0s" to measure without the start-up hand-back).
     let page_out_value = std::env::var("FOOTPRINT_PAGE_OUT_AFTER").unwrap_or_else(|_| "1m".into());
     let hand_back = page_out_value != "0s";
-    let page_out = format!("page_out_after = {page_out_value:?}\n");
+    let watch = std::env::var("FOOTPRINT_FAULT_PATH_WATCH").unwrap_or_else(|_| "2m".into());
+    let page_out = format!("page_out_after = {page_out_value:?}\nfault_path_watch = {watch:?}\n");
     let config = host.config(&format!(
         "node_name = \"bench-node\"\n{page_out}{}{}{}{}{}{}",
         if on("nvml") {
@@ -160,23 +161,27 @@ fn main() {
         "after start-up (5 s after READY): RSS {} KiB",
         status_kib(pid, "VmRSS:")
     );
-    let line = if hand_back {
-        let handed_back = Instant::now() + Duration::from_secs(90);
+    // The hand-back, then the lock (or its refusal), each as the log says.
+    let logged = |what: &str, within: Duration| {
+        let until = Instant::now() + within;
         loop {
-            let log = agent.log();
-            if let Some(l) = log.lines().find(|l| l.contains("Start-up pages")) {
-                break l.to_string();
+            if let Some(l) = agent.log().lines().find(|l| l.contains(what)) {
+                break l.trim().to_string();
             }
-            if Instant::now() > handed_back {
-                break "no page-out within 90 s".to_string();
+            if Instant::now() > until {
+                break format!("no {what:?} within {} s", within.as_secs());
             }
             std::thread::sleep(Duration::from_millis(500));
         }
-    } else {
-        "none (page_out_after = 0s)".to_string()
     };
-    println!("page-out: {}", line.trim());
-    // The window opens 70 s after start (after a hand-back at a minute, when there is one).
+    if hand_back {
+        let within = Duration::from_secs(660);
+        println!("page-out: {}", logged("Start-up pages", within));
+        println!("fault path: {}", logged("fault path's pages", within));
+    } else {
+        println!("page-out: none (page_out_after = 0s)");
+    }
+    // The window opens 70 s after start at the earliest (after the lock, when there is one).
     let opens = started + Duration::from_secs(70);
     std::thread::sleep(
         opens
@@ -248,38 +253,8 @@ fn main() {
         )),
         status_kib(pid, "VmRSS:")
     );
-    // For scripts/hot-path-order.sh, which profiles the daemon: the other kinds of fault a
-    // node sees, then a pause while the profile is taken.
-    if let Some(hold) = std::env::var("FOOTPRINT_HOLD")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        for (gpu, line) in FAULT_LINES.iter().enumerate() {
-            gpu_agent_e2e::inject(&format!(
-                "NVRM: Xid (PCI:{}): {line}",
-                host.gpu_bdf(gpu + 1)
-            ));
-            std::thread::sleep(Duration::from_millis(500));
-        }
-        gpu_agent_e2e::inject(
-            "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Fatal, Link 44 LTSSM Fault Up",
-        );
-        println!("fault lines injected; holding {hold} s");
-        std::thread::sleep(Duration::from_secs(hold));
-    }
     drop(agent);
 }
-
-/// One line of each other kind of Xid a node sees (after `NVRM: Xid (PCI:...): `), for the
-/// profile `FOOTPRINT_HOLD` serves: application, memory, contained, row remap, NVLink, GSP.
-const FAULT_LINES: [&str; 6] = [
-    "13, pid=1234, name=python, Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address",
-    "48, pid=1234, name=python, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 0, subpartition 0.",
-    "94, pid=1234, name=python, Contained: SM (0x1). RST: No, D-RST: No",
-    "63, pid=1234, name=python, Row Remapper: New row (0x0000000000001234) Marked for Remapping, reset gpu to activate.",
-    "74, pid=1234, name=python, NVLink: fatal error detected on link 3(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)",
-    "119, pid=1234, name=python, Timeout after 6s of waiting for RPC response from GPU0 GSP!",
-];
 
 /// `Rss`, `Pss` and `Anonymous` from `/proc/PID/smaps_rollup` (KiB).
 fn rollup(pid: u32) -> String {

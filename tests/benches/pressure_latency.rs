@@ -3,8 +3,8 @@
 //! be read back from the disk?
 //!
 //! For each run a fresh daemon (release build, kernel log + Kubernetes sink) hands its
-//! start-up pages back (`page_out_after`, here 3 s instead of a minute), keeping the fault
-//! path's region locked where the build lays one out (x86_64 release), then its binary is
+//! start-up pages back (`page_out_after`, here 3 s instead of a minute) and locks what its
+//! rehearsal and steady state map again (`fault_path_watch`, here 5 s), then its binary is
 //! evicted from the page cache (`posix_fadvise(DONTNEED)`: nothing maps those pages any
 //! more, so they go) while another thread streams a file through the page cache from the
 //! same disk, evicting it after every pass (a process reading more than memory holds). One
@@ -61,20 +61,20 @@ fn run(page_out_after: &str, pressure: bool, n: u32) -> Duration {
     let host = Host::new();
     let api = KubeApi::start(&["bench-node"]);
     let config = host.config(&format!(
-        "node_name = \"bench-node\"\npage_out_after = {page_out_after:?}\n[kubernetes]\nkubeconfig = {:?}\n",
+        "node_name = \"bench-node\"\npage_out_after = {page_out_after:?}\nfault_path_watch = \"5s\"\n[kubernetes]\nkubeconfig = {:?}\n",
         api.kubeconfig(host.dir.path())
     ));
     let agent = Agent::start(&config, &host.socket());
-    // The start-up sync, then the hand-back (when on) and a quiet second.
+    // The start-up sync, then the hand-back and the lock (when on) and a quiet second.
     let deadline = Instant::now() + Duration::from_secs(20);
     if page_out_after != "0s" {
-        while !agent.log().contains("Start-up pages") {
+        while !agent.log().contains("fault path's pages") {
             assert!(Instant::now() < deadline, "no hand-back:\n{}", agent.log());
             std::thread::sleep(Duration::from_millis(100));
         }
         if n == 1 {
             let log = agent.log();
-            let line = log.lines().find(|l| l.contains("Start-up pages"));
+            let line = log.lines().find(|l| l.contains("fault path's pages"));
             println!("page-out: {}", line.unwrap_or_default().trim());
         }
     } else {
