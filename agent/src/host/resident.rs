@@ -18,7 +18,9 @@
 //! verdict, each sink's rendering and request, the checkpoint scan and signal checks, with
 //! no effect outside this process: see `commands::rehearse`), keeps running its steady state
 //! for `[agent] fault_path_watch`, and then locks every page of the program that is mapped
-//! again (`/proc/self/pagemap`). From then on it looks again every `fault_path_watch`: a
+//! again (`/proc/self/pagemap`), and every page mapped of its shared libraries' clean
+//! mappings (not handed back: others map them too; but what a fault runs of the C library
+//! or NVML must not be evicted either). From then on it looks again every `fault_path_watch`: a
 //! page mapped since, outside the lock, is code the rehearsal and the watch missed (a poll
 //! slower than the watch, a rarer branch); it is locked too and counted (`status`,
 //! `gpu_agent_fault_path_locked_bytes`). The CI test drops the page cache after the lock and
@@ -186,21 +188,33 @@ struct Program {
     mappings: Vec<std::ops::Range<usize>>,
     /// Per mapping, per page: locked.
     locked: Vec<Vec<bool>>,
+    /// How many of the mappings, first, are the program's own (handed back); the rest are
+    /// the shared libraries'.
+    handed_back: usize,
 }
 
 impl Program {
     /// Find the program's clean mappings and unmap all of their pages.
     fn hand_back() -> Result<Self, ResidentError> {
-        let mappings = program_mappings()?;
-        for m in &mappings {
+        let (program, libraries) = clean_mappings()?;
+        for m in &program {
             advise(m.start, m.len(), rustix::mm::Advice::LinuxDontNeed)
                 .map_err(ResidentError::Advise)?;
         }
+        // The shared libraries' pages are not handed back (others map them too), but what
+        // the fault path runs of them (the C library, the NVIDIA driver's NVML) is locked
+        // with the program's: a page of theirs mapped by no one is evicted like any other.
+        let handed_back = program.len();
+        let mappings: Vec<_> = program.into_iter().chain(libraries).collect();
         let locked = mappings
             .iter()
             .map(|m| vec![false; m.len() / page()])
             .collect();
-        Ok(Self { mappings, locked })
+        Ok(Self {
+            mappings,
+            locked,
+            handed_back,
+        })
     }
 
     /// Lock every page mapped since the hand-back. On failure nothing stays handed back.
@@ -244,12 +258,13 @@ impl Program {
         self.locked.iter().flatten().filter(|l| **l).count() * page()
     }
 
-    /// Undo the hand-back: unlock and map every page again (the bytes mapped).
+    /// Undo the hand-back: unlock everything, and map every page of the program again (the
+    /// bytes mapped).
     fn keep_everything(self) -> usize {
-        self.mappings
+        self.mappings.iter().for_each(|m| unlock(m.start, m.len()));
+        self.mappings[..self.handed_back]
             .iter()
             .map(|m| {
-                unlock(m.start, m.len());
                 populate(m.start, m.len());
                 m.len()
             })
@@ -257,8 +272,11 @@ impl Program {
     }
 }
 
-/// The program's clean mappings (`/proc/self/smaps`), page-aligned.
-fn program_mappings() -> Result<Vec<std::ops::Range<usize>>, ResidentError> {
+/// Address ranges of mappings.
+type Ranges = Vec<std::ops::Range<usize>>;
+
+/// The program's clean mappings, and the shared libraries' (`/proc/self/smaps`).
+fn clean_mappings() -> Result<(Ranges, Ranges), ResidentError> {
     let exe = std::fs::read_link("/proc/self/exe").map_err(|source| ResidentError::Read {
         path: "/proc/self/exe".into(),
         source,
@@ -272,7 +290,17 @@ fn program_mappings() -> Result<Vec<std::ops::Range<usize>>, ResidentError> {
             path: "/proc/self/smaps".into(),
             source,
         })?;
-    to_hand_back(&smaps, &exe)
+    let program = to_hand_back(&smaps, &exe)?;
+    let libraries = clean_file_mappings(&smaps)
+        .into_iter()
+        .filter(|m| {
+            let path = Path::new(m.path);
+            // A regular file of another name: not a device, not a memfd or the vDSO.
+            path != exe && !m.path.starts_with("/dev/") && path.is_file()
+        })
+        .map(|m| m.start..m.end)
+        .collect();
+    Ok((program, libraries))
 }
 
 /// The ranges of `exe`'s clean mappings in a smaps file's text, where that text is the
@@ -367,6 +395,15 @@ fn parse_header(line: &str) -> Option<Mapping<'_>> {
 /// ` (deleted)` after its path.
 fn clean_program_mappings<'a>(smaps: &'a str, exe: &Path) -> Vec<Mapping<'a>> {
     let exe = exe.to_string_lossy();
+    clean_file_mappings(smaps)
+        .into_iter()
+        .filter(|m| m.path.strip_suffix(" (deleted)").unwrap_or(m.path) == exe)
+        .collect()
+}
+
+/// The file mappings in a smaps file's text that hold only their file's bytes: not
+/// writable, no anonymous page.
+fn clean_file_mappings<'a>(smaps: &'a str) -> Vec<Mapping<'a>> {
     let mut all: Vec<Mapping<'a>> = Vec::new();
     let mut current: Option<Mapping<'a>> = None;
     for line in smaps.lines() {
@@ -394,7 +431,7 @@ fn clean_program_mappings<'a>(smaps: &'a str, exe: &Path) -> Vec<Mapping<'a>> {
     }
     all.extend(current);
     all.into_iter()
-        .filter(|m| m.path.strip_suffix(" (deleted)").unwrap_or(m.path) == exe)
+        .filter(|m| m.path.starts_with('/'))
         .filter(|m| m.perms.starts_with('r') && !m.perms.contains('w') && m.anonymous_kib == 0)
         .collect()
 }
@@ -492,6 +529,20 @@ Anonymous:             0 kB
             vec![
                 (0x5581_a2c0_0000, 0x5581_a2e0_0000, "r--p"),
                 (0x5581_a2e0_0000, 0x5581_a3c0_0000, "r-xp"),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_libraries_clean_mappings_are_locked_with_the_program() {
+        let paths: Vec<&str> = clean_file_mappings(SMAPS).iter().map(|m| m.path).collect();
+        assert_eq!(
+            paths,
+            vec![
+                "/usr/bin/gpu-agent",
+                "/usr/bin/gpu-agent",
+                "/usr/lib/x86_64-linux-gnu/libc.so.6",
+                "/usr/bin/gpu-agent-old"
             ]
         );
     }
