@@ -71,6 +71,7 @@ fn rpm_has_the_files_config_and_scriptlets() {
         "/usr/lib/sysusers.d/gpu-agent.conf",
         "/usr/share/polkit-1/rules.d/50-gpu-agent.rules",
         "/usr/share/doc/gpu-agent/README.md",
+        "/usr/share/doc/gpu-agent/CONFIGURATION.md",
         "/usr/share/doc/gpu-agent/kubernetes/device-taints-rbac.yaml",
         "/usr/share/doc/gpu-agent/kubernetes/device-taints-admission.yaml",
         "/usr/share/licenses/gpu-agent/LICENSE",
