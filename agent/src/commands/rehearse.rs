@@ -39,9 +39,14 @@ pub fn rehearsal(config: &Config, host: &HostFacts, kubernetes: Kubernetes) -> R
             use tracing::instrument::WithSubscriber;
             let config = &shared.0;
             let quiet = crate::logging::discarding();
+            let on_kubernetes = kubernetes.is_some();
             let local = tokio::task::spawn_blocking({
                 let (shared, quiet) = (Arc::clone(&shared), quiet.clone());
-                move || tracing::dispatcher::with_default(&quiet, || local(&shared.0, &shared.1))
+                move || {
+                    tracing::dispatcher::with_default(&quiet, || {
+                        local(&shared.0, &shared.1, on_kubernetes)
+                    })
+                }
             });
             let (built, acted) = local.await.unwrap_or_default();
             if let (true, Some((notice, snapshot))) = (config.checkpoint.enabled, acted) {
@@ -74,8 +79,10 @@ pub fn rehearsal(config: &Config, host: &HostFacts, kubernetes: Kubernetes) -> R
 /// What the checkpoint sink acts on: the rehearsal's Spot notice, in its snapshot.
 type Acted = Option<(Notice, HealthSnapshot)>;
 
-/// Everything that needs no server: the bytes built, and the notice to act on.
-fn local(config: &Config, host: &HostFacts) -> (usize, Acted) {
+/// Everything that needs no server, for the sources and sinks that run (`kubernetes`: the
+/// Kubernetes sinks do): the bytes built, and the notice to act on. What is off is not
+/// rehearsed, so its code is not locked.
+fn local(config: &Config, host: &HostFacts, kubernetes: bool) -> (usize, Acted) {
     threads();
     let now = SystemTime::now();
     let pci = host
@@ -88,12 +95,16 @@ fn local(config: &Config, host: &HostFacts) -> (usize, Acted) {
     let kmsg_settings = host.kmsg_settings(config, None, crate::drill::Holder::Reader);
     let branch = kmsg_settings.branch;
     if let Some(pci) = pci {
-        if let Some(report) = kmsg::rehearse(kmsg_settings, pci) {
-            model.apply(Observation::Fault(report));
+        if config.kmsg.enabled {
+            if let Some(report) = kmsg::rehearse(kmsg_settings, pci) {
+                model.apply(Observation::Fault(report));
+            }
         }
-        model.apply(Observation::Fault(nvml::events::report(
-            pci, 48, branch, now,
-        )));
+        if config.nvml.enabled {
+            model.apply(Observation::Fault(nvml::events::report(
+                pci, 48, branch, now,
+            )));
+        }
     }
     let notice = spot(now);
     model.apply(Observation::Notices {
@@ -104,7 +115,7 @@ fn local(config: &Config, host: &HostFacts) -> (usize, Acted) {
     let mut built = status::render(&snapshot).len()
         + serde_json::to_string(&snapshot).map_or(0, |json| json.len());
     #[cfg(feature = "clients")]
-    {
+    if kubernetes {
         built += crate::sinks::node_conditions::rehearse(
             &snapshot,
             &settings::node_conditions(config).types,
@@ -114,6 +125,8 @@ fn local(config: &Config, host: &HostFacts) -> (usize, Acted) {
     if config.checkpoint.enabled {
         built += checkpoint::rehearse(&HostFacts::checkpoint_selection(config));
     }
+    #[cfg(not(feature = "clients"))]
+    let _ = kubernetes;
     (built, notice.map(|n| (n, snapshot)))
 }
 
