@@ -11,7 +11,7 @@
 //!
 //! But a page that is mapped by no one is the first the kernel evicts under page-cache
 //! pressure, and a fault whose code had been evicted reads it from the disk (25 ms to 1.3 s
-//! on this project's test machine, BENCHMARKS.md) when a fatal Xid must reach the node
+//! measured on this project's test machine, 2026-12-03) when a fatal Xid must reach the node
 //! condition in milliseconds. So the fault path's pages are locked (`mlock`), and they are
 //! found at run time, not from a link order: after the hand-back the agent rehearses every
 //! fault path once (each source's parser and classifier on a made-up fault, the core's
