@@ -3,7 +3,7 @@
 //! training processes to checkpoint, in time and once, and never a process that does not
 //! handle the signal.
 //!
-//! The contract (README, "Checkpoint signals"):
+//! The contract (docs/CHECKPOINT.md, "The contract"):
 //! - Spot and shutdown notices are acted on at once; the others at `deadline - lead`.
 //! - One ending, one signal: an ending already signalled covers a later ending of the
 //!   instance within `ending_window` (the shutdown after a Spot notice); fatal faults within
