@@ -98,7 +98,7 @@ fn fault_path(encoder: &mut DescriptorEncoder, s: &HealthSnapshot) -> std::fmt::
     gauge(
         encoder,
         "gpu_agent_fault_path_locked_bytes",
-        "Bytes of the program's code and read-only data locked in memory for the fault path.",
+        "Bytes locked in memory for the fault path: the program's pages and its shared libraries' in use.",
         i64::try_from(locked_kib.saturating_mul(1024)).unwrap_or(i64::MAX),
     )
 }

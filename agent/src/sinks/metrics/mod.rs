@@ -5,6 +5,8 @@
 //! code, severity, action), never a raw message.
 
 mod collector;
+#[cfg(test)]
+mod reference;
 mod server;
 
 pub use collector::{encode, SnapshotCollector};
