@@ -22,14 +22,10 @@ const END: &str = "<!-- End of the generated metrics list. -->";
 /// holding a fault and a pending end (the families written only then).
 fn served() -> String {
     let mut model = HealthModel::for_test();
-    let report = crate::sources::kmsg::report(
+    model.apply_line(
         "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.",
-        Some(3),
         SystemTime::now(),
-        crate::catalog::DriverBranch::Unknown,
-    )
-    .expect("fault");
-    model.apply(Observation::Fault(report));
+    );
     model.apply(Observation::Notices {
         source: SourceKind::Imds,
         notices: vec![Notice {
