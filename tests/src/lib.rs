@@ -148,15 +148,40 @@ pub fn status_kib(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// A PCI domain no other test in this run uses.
+/// A PCI domain no other test uses while its lines may still be in the kernel log: the log
+/// is shared by every test process, and a daemon reads it from the ring's first record, so
+/// a domain drawn at random met other runs' faults now and then. Handed out in turn across
+/// processes (a counter file under an exclusive lock), starting where chance puts it.
 pub fn unique_domain() -> u32 {
+    let random = || {
+        std::process::id().wrapping_mul(2_654_435_761)
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos())
+                .unwrap_or(0)
+    };
+    let next = || -> std::io::Result<u32> {
+        use std::io::{Read, Seek};
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(std::env::temp_dir().join("gpu-agent-tests-next-pci-domain"))?;
+        file.lock()?;
+        let mut text = String::new();
+        file.read_to_string(&mut text)?;
+        let n = text.trim().parse::<u32>().unwrap_or_else(|_| random());
+        file.set_len(0)?;
+        file.rewind()?;
+        file.write_all(n.wrapping_add(1).to_string().as_bytes())?;
+        Ok(n)
+    };
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    let seed = std::process::id().wrapping_mul(2_654_435_761)
-        ^ std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-    0x1000 + (seed.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed) * 7919)) % 0xe000
+    let n = next().unwrap_or_else(|_| {
+        random().wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed).wrapping_mul(7919))
+    });
+    0x1000 + n % 0xe000
 }
 
 /// Write one line into the real kernel log. A fresh open per line: the kernel rate-limits
