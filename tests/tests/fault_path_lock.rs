@@ -13,7 +13,7 @@ use gpu_agent_e2e::imds::FakeImds;
 use gpu_agent_e2e::kube_api::KubeApi;
 use gpu_agent_e2e::kubelet::Kubelet;
 use gpu_agent_e2e::trainer::{gpu_device, Trainer};
-use gpu_agent_e2e::{free_port, inject, wait_until as wait, Agent, Host, NvmlScenario};
+use gpu_agent_e2e::{free_port, inject, status_kib, wait_until as wait, Agent, Host, NvmlScenario};
 
 const NODE: &str = "ip-10-0-0-7.ec2.internal";
 
@@ -42,16 +42,6 @@ fn config(host: &Host, imds: &FakeImds, api: &KubeApi, port: u16) -> PathBuf {
             host.nvml_config()
         ),
     )
-}
-
-/// A field of `/proc/PID/status`, KiB.
-fn status_kib(pid: u32, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// The process's major page faults (`/proc/PID/stat`'s 12th field): pages read from the disk.

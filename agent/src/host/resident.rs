@@ -194,7 +194,8 @@ struct Program {
 }
 
 impl Program {
-    /// Find the program's clean mappings and unmap all of their pages.
+    /// Find the program's clean mappings and unmap all of their pages; the shared
+    /// libraries' clean mappings are kept mapped, and watched for the lock with them.
     fn hand_back() -> Result<Self, ResidentError> {
         let (program, libraries) = clean_mappings()?;
         for m in &program {
