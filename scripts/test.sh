@@ -96,8 +96,8 @@ cargo test --workspace --locked --no-fail-fast "$@"
 phase "tests done"
 
 # The fault path's lock on the release build, as it ships (tests/tests/fault_path_lock.rs):
-# after the hand-back and a dropped page cache, a kernel-log fault and a Spot notice read
-# nothing from the disk. Only for the whole suite (no arguments).
+# after the hand-back and a dropped page cache, a kernel-log fault, a Spot notice and an
+# EFA device gone read nothing from the disk. Only for the whole suite (no arguments).
 if [ $# -eq 0 ]; then
   cargo build --release --locked -p gpu-agent --bin gpu-agent
   GPU_AGENT_BIN="$PWD/target/release/gpu-agent" \

@@ -1,6 +1,7 @@
 //! The fault path's pages, found at run time and locked (`host::resident`): after the
 //! hand-back and a dropped page cache, a kernel-log fault reaching the API server and the
-//! pod holding the GPU, a Spot notice reaching a trainer and a `status` read nothing from
+//! pod holding the GPU, a Spot notice reaching a trainer, an EFA device gone (NetworkingReady
+//! False) and a `status` read nothing from
 //! the disk (the daemon's major page faults say so); where the lock cannot be had, nothing
 //! is handed back and `status` and the metrics say so. Runs the binary `GPU_AGENT_BIN`
 //! names, else the test build: `scripts/test.sh` runs this file again on the release
@@ -110,6 +111,8 @@ fn after_the_hand_back_and_a_dropped_page_cache_a_fault_and_a_notice_read_nothin
         "nvidia.com/gpu",
         &[&host.gpu_uuid(1)],
     );
+    // An EFA device, gone after the lock: its fault is on the fault path too.
+    let efa = host.add_efa(0, None);
     NvmlScenario::healthy().write(&host);
     let scenario = host.nvml_scenario_path();
     let agent = Agent::start_with_env(
@@ -118,6 +121,7 @@ fn after_the_hand_back_and_a_dropped_page_cache_a_fault_and_a_notice_read_nothin
         &[("FAKE_NVML_SCENARIO", &scenario.to_string_lossy())],
     );
     agent.wait_for_source_on(Duration::from_secs(5), "imds");
+    agent.wait_for_source_on(Duration::from_secs(5), "efa");
     let pid = agent.pid();
 
     let s = agent.wait_for(Duration::from_secs(30), |s| {
@@ -180,6 +184,11 @@ fn after_the_hand_back_and_a_dropped_page_cache_a_fault_and_a_notice_read_nothin
     imds.spot_terminate_in(Duration::from_secs(120));
     wait(Duration::from_secs(10), "SIGUSR1 at the trainer", || {
         handler.signals() == ["SIGUSR1"]
+    });
+    host.remove_efa(&efa);
+    wait(Duration::from_secs(10), "NetworkingReady False", || {
+        api.condition(NODE, "NetworkingReady")
+            .is_some_and(|c| c["status"] == "False")
     });
     let (code, text) = agent.status(false);
     assert_eq!(code, 1, "{text}");

@@ -2,7 +2,8 @@
 //! back: every fault path on made-up input, with no effect outside this process (nothing
 //! logged, sent, signalled or saved), so that the pages it maps again are among those
 //! locked. The kernel log's reader and classifier on a made-up Xid, NVML's event report,
-//! a Spot notice's parser and the checkpoint sink's act on it (no process to signal); the
+//! an EFA poll's checks on a made-up device (link down, errors past the fatal rate), a
+//! Spot notice's parser and the checkpoint sink's act on it (no process to signal); the
 //! core's verdict on them in a model of its own; the status
 //! table and JSON; the Node conditions' PATCH and Events, a DeviceTaintRule and its patch;
 //! the checkpoint scan and the pidfd send path up to its start-time check; one `status`
@@ -19,7 +20,7 @@ use crate::config::Config;
 use crate::host::resident::Rehearsal;
 use crate::model::{HealthSnapshot, KmsgStats, Notice, Observation, PciAddress, SourceKind};
 use crate::sinks::{checkpoint, status};
-use crate::sources::{kmsg, nvml};
+use crate::sources::{efa, kmsg, nvml};
 
 /// The connection the Kubernetes rehearsal reads this Node through (`None`: no Kubernetes).
 #[cfg(feature = "clients")]
@@ -106,6 +107,9 @@ fn local(config: &Config, host: &HostFacts, kubernetes: bool) -> (usize, Acted) 
             )));
         }
     }
+    if config.efa.enabled {
+        efa(&mut model, config, pci);
+    }
     let notice = spot(now);
     model.apply(Observation::Notices {
         source: SourceKind::Imds,
@@ -128,6 +132,20 @@ fn local(config: &Config, host: &HostFacts, kubernetes: bool) -> (usize, Acted) 
     #[cfg(not(feature = "clients"))]
     let _ = kubernetes;
     (built, notice.map(|n| (n, snapshot)))
+}
+
+/// An EFA poll's findings on a made-up device serving `gpu`: first under this daemon's
+/// rules (a fatal finding not yet confirmed stands as a warning), then as if confirmed
+/// (the fatal verdict, and with it the NetworkingReady condition's message).
+fn efa(model: &mut crate::core::HealthModel, config: &Config, gpu: Option<PciAddress>) {
+    let Ok(pci) = "0000:fe:00.0".parse::<PciAddress>() else {
+        return;
+    };
+    let thresholds = HostFacts::efa_settings(config).thresholds;
+    let gpus: Vec<PciAddress> = gpu.into_iter().collect();
+    model.apply(efa::rehearse(pci, gpus.clone(), &thresholds));
+    model.set_condition_rules(crate::core::condition::Rules::default());
+    model.apply(efa::rehearse(pci, gpus, &thresholds));
 }
 
 /// A thread started, ended and started again: a fault's work on the blocking pool may start
@@ -184,4 +202,33 @@ async fn remote(kubernetes: Kubernetes) -> bool {
 #[cfg(not(feature = "clients"))]
 async fn remote(_kubernetes: Kubernetes) -> bool {
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{FaultCode, NameSource, NodeName, Severity};
+
+    #[test]
+    fn the_efa_rehearsal_ends_on_a_fatal_finding_on_its_device() {
+        let config = Config::default();
+        let host = HostFacts {
+            node_name: NodeName {
+                name: "rehearsal".into(),
+                source: NameSource::Config,
+            },
+            boot_id: "boot".into(),
+            devices: Default::default(),
+        };
+        let mut model = host.model(&config);
+        efa(&mut model, &config, None);
+        let snapshot = model.snapshot(KmsgStats::default());
+        let link = snapshot
+            .faults
+            .iter()
+            .find(|f| f.code == FaultCode::EfaLinkDown)
+            .expect("a link-down fault");
+        assert_eq!(link.class.severity, Severity::Fatal, "{link:?}");
+        assert!(link.detail.contains("rdmap0s0"), "{}", link.detail);
+    }
 }

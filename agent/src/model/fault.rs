@@ -305,6 +305,30 @@ pub struct FaultReport {
     pub drill: bool,
 }
 
+impl FaultReport {
+    /// A sighting by `source` at `at` with no position to resume from and no drill mark:
+    /// what every source but the kernel log reports.
+    pub fn seen(
+        source: SourceKind,
+        at: SystemTime,
+        component: Component,
+        code: FaultCode,
+        class: Classification,
+        detail: String,
+    ) -> Self {
+        Self {
+            component,
+            code,
+            class,
+            source,
+            at,
+            detail,
+            cursor: None,
+            drill: false,
+        }
+    }
+}
+
 /// A fault in the node's health model: a report merged with its repeats.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Fault {

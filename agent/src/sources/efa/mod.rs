@@ -210,28 +210,77 @@ impl Poller {
         let settled = SystemTime::now() >= self.grace_ends;
         let have = u32::try_from(seen.len()).unwrap_or(u32::MAX);
         let expected = self.expected(have, settled);
-        let at = SystemTime::now();
-        let faults = checks::evaluate(&seen, expected.as_ref(), settled, &self.settings.thresholds)
-            .into_iter()
-            .map(|f| FaultReport {
-                component: f.component,
-                code: f.code,
-                class: f.class,
-                source: SourceKind::Efa,
-                at,
-                detail: f.detail,
-                cursor: None,
-                drill: false,
-            })
-            .collect();
-        out.push(Observation::Poll {
-            source: SourceKind::Efa,
-            faults,
-            partial: Vec::new(),
-            inventory: Inventory::Efa(devices),
-        });
+        let findings =
+            checks::evaluate(&seen, expected.as_ref(), settled, &self.settings.thresholds);
+        out.push(observation(findings, devices, SystemTime::now()));
         out
     }
+}
+
+/// One poll's findings and devices, as the core takes them.
+fn observation(
+    findings: Vec<checks::Finding>,
+    devices: Vec<EfaDevice>,
+    at: SystemTime,
+) -> Observation {
+    let faults = findings
+        .into_iter()
+        .map(|f| FaultReport::seen(SourceKind::Efa, at, f.component, f.code, f.class, f.detail))
+        .collect();
+    Observation::Poll {
+        source: SourceKind::Efa,
+        faults,
+        partial: Vec::new(),
+        inventory: Inventory::Efa(devices),
+    }
+}
+
+/// For the rehearsal of the fault paths (`commands/rehearse.rs`): a made-up device at
+/// `pci`, serving `gpus`, whose link is down and whose error counters rise past the fatal rate, judged as a
+/// poll judges it (one device fewer than expected, too) into the poll's observation, sent
+/// nowhere (`host::resident` locks what this maps).
+pub fn rehearse(
+    pci: crate::model::PciAddress,
+    gpus: Vec<crate::model::PciAddress>,
+    thresholds: &Thresholds,
+) -> Observation {
+    let name = "rdmap0s0".to_string();
+    let rates: BTreeMap<String, f64> = checks::ERROR_COUNTERS
+        .iter()
+        .chain(checks::REMOTE_COUNTERS)
+        .chain([&checks::RETRANS, &checks::NO_COMPLETION])
+        .map(|c| {
+            (
+                (*c).to_string(),
+                thresholds.errors_fatal + thresholds.retrans_warning + 1.0,
+            )
+        })
+        .collect();
+    let component = Component::Efa { pci };
+    let seen = checks::Seen {
+        name: name.clone(),
+        component,
+        link_up: Some(false),
+        rates: rates.clone(),
+    };
+    let expected = (2, "rehearsal".to_string());
+    let findings = checks::evaluate(
+        std::slice::from_ref(&seen),
+        Some(&expected),
+        true,
+        thresholds,
+    );
+    let device = EfaDevice {
+        name,
+        pci: Some(pci),
+        numa_node: Some(0),
+        netdevs: vec!["rehearsal0".to_string()],
+        link_up: Some(false),
+        gpus,
+        rates,
+        holders: Vec::new(),
+    };
+    observation(findings, vec![device], SystemTime::now())
 }
 
 /// Poll until shutdown; each poll's sysfs reads run on the blocking pool.
@@ -271,6 +320,7 @@ pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown
 mod tests {
     use super::*;
     use crate::model::FaultCode;
+    use std::path::Path;
 
     fn settings(root: &std::path::Path) -> Settings {
         Settings {
@@ -298,6 +348,36 @@ mod tests {
                 _ => None,
             })
             .unwrap_or_default()
+    }
+
+    #[test]
+    fn the_rehearsal_judges_every_fatal_kind_on_its_made_up_device() {
+        let pci: crate::model::PciAddress = "0000:fe:00.0".parse().expect("pci");
+        let observation = rehearse(pci, Vec::new(), &settings(Path::new("/")).thresholds);
+        let Observation::Poll {
+            faults,
+            inventory: Inventory::Efa(devices),
+            ..
+        } = &observation
+        else {
+            panic!("not an EFA poll: {observation:?}");
+        };
+        let mut fatal: Vec<FaultCode> = faults
+            .iter()
+            .filter(|f| f.class.severity == crate::model::Severity::Fatal)
+            .map(|f| f.code)
+            .collect();
+        fatal.sort();
+        let mut want = vec![
+            FaultCode::EfaMissing,
+            FaultCode::EfaLinkDown,
+            FaultCode::EfaAdminErrors,
+            FaultCode::EfaErrors,
+        ];
+        want.sort();
+        assert_eq!(fatal, want);
+        assert_eq!(devices.len(), 1);
+        assert_eq!(devices[0].pci, Some(pci));
     }
 
     #[test]

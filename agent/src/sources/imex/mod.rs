@@ -80,21 +80,15 @@ fn channels(dir: &Path) -> u32 {
 
 /// The faults `state` is, at `now` (pure: unit-tested).
 pub fn judge(state: &ImexState, now: SystemTime, grace_ends: SystemTime) -> Vec<FaultReport> {
-    let fault = |code, name: &str, detail: String| FaultReport {
-        component: Component::Node,
-        code,
-        class: Classification {
+    let fault = |code, name: &str, detail: String| {
+        let class = Classification {
             name: name.to_string(),
             description: detail.clone(),
             nvidia_action: String::new(),
             severity: Severity::Warning,
             action: Action::None,
-        },
-        source: SourceKind::Imex,
-        at: now,
-        detail,
-        cursor: None,
-        drill: false,
+        };
+        FaultReport::seen(SourceKind::Imex, now, Component::Node, code, class, detail)
     };
     let booting = now < grace_ends;
     match state.active_state.as_str() {

@@ -22,16 +22,14 @@ const AFTER_ERROR: Duration = Duration::from_secs(5);
 
 /// The fault report for Xid `code` on `pci`, seen as an NVML event.
 pub fn report(pci: PciAddress, code: u32, branch: DriverBranch, at: SystemTime) -> FaultReport {
-    FaultReport {
-        component: Component::Gpu { pci },
-        code: FaultCode::Xid(code),
-        class: catalog::classify_xid(code, "", branch),
-        source: SourceKind::Nvml,
+    FaultReport::seen(
+        SourceKind::Nvml,
         at,
-        detail: format!("NVML critical Xid event: Xid {code} on {pci}"),
-        cursor: None,
-        drill: false,
-    }
+        Component::Gpu { pci },
+        FaultCode::Xid(code),
+        catalog::classify_xid(code, "", branch),
+        format!("NVML critical Xid event: Xid {code} on {pci}"),
+    )
 }
 
 /// Start the events thread: register every GPU for critical Xid events and forward each one

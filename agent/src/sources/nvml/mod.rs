@@ -206,15 +206,8 @@ impl Poller {
         ));
         let faults = findings
             .into_iter()
-            .map(|f| FaultReport {
-                component: f.component,
-                code: f.code,
-                class: f.class,
-                source: SourceKind::Nvml,
-                at,
-                detail: f.detail,
-                cursor: None,
-                drill: false,
+            .map(|f| {
+                FaultReport::seen(SourceKind::Nvml, at, f.component, f.code, f.class, f.detail)
             })
             .collect();
         self.save_baseline();
