@@ -577,3 +577,93 @@ fn a_pod_busy_without_tensor_work_is_told_and_a_productive_one_counted() {
     );
     assert!(agent.stop().success());
 }
+
+/// A GPU in MIG mode gives no utilisation: each MIG device's GPU instance has its own GPM
+/// samples (`nvmlGpmMigSampleGet`), and each pod holding one is judged by its own instance,
+/// not by its neighbour on the same GPU.
+#[test]
+fn pods_on_one_mig_gpu_are_judged_by_their_own_instances() {
+    let host = Host::new();
+    let api = KubeApi::start(&[NODE]);
+    let kubelet = Kubelet::start(&host.kubelet_socket());
+    let mig = |i: u32| format!("MIG-{:08x}-500{i}", host.domain);
+    for (i, pod) in ["train-mig", "stuck-mig"].iter().enumerate() {
+        api.add_pod("ml", pod, &format!("uid-{pod}"), NODE);
+        kubelet.assign(
+            "ml",
+            pod,
+            "rank",
+            "nvidia.com/mig-3g.40gb",
+            &[&mig(i as u32)],
+        );
+    }
+    let port = gpu_agent_e2e::free_port();
+    let scenario = NvmlScenario::healthy().gpu(
+        5,
+        &format!(
+            "not_supported = [\"utilization\"]\nmig = [{:?}, {:?}]\n\
+             gpm = {{ sm = 50.0, occupancy = 20.0, tensor = 20.0, dram_bw = 20.0 }}\n\
+             mig_gpm = [{{ sm = 90.0, occupancy = 40.0, tensor = 45.0, dram_bw = 30.0 }}, \
+             {{ sm = 95.0, occupancy = 5.0, tensor = 0.0, dram_bw = 1.0 }}]",
+            mig(0),
+            mig(1)
+        ),
+    );
+    let agent = host.start_with_nvml(
+        &scenario,
+        &format!(
+            "{}[metrics]\nlisten = \"127.0.0.1:{port}\"\nfunnel_interval = \"1s\"\nheld_idle_after = \"2s\"\n",
+            config(&host, &api)
+        ),
+    );
+    let s = agent.wait_for(Duration::from_secs(15), |s| {
+        s["gpus"][5]["nvml"]["telemetry"]["mig_activity"][1]["tensor_active_percent"] == 0
+    });
+    let activity = &s["gpus"][5]["nvml"]["telemetry"]["mig_activity"];
+    assert_eq!(activity[0]["uuid"], mig(0).as_str(), "{activity}");
+    assert_eq!(activity[0]["tensor_active_percent"], 45, "{activity}");
+    assert_eq!(activity[1]["sm_active_percent"], 95, "{activity}");
+    wait(Duration::from_secs(15), "the not-productive Event", || {
+        !events_on(&api, "stuck-mig").is_empty()
+    });
+    let event = events_on(&api, "stuck-mig").remove(0);
+    assert_eq!(event["reason"], "GPUHeldNotProductive", "{event}");
+    assert!(
+        events_on(&api, "train-mig").is_empty(),
+        "its own instance works"
+    );
+    let body = gpu_agent_e2e::http_get(port, "/metrics");
+    for line in [
+        format!(
+            r#"gpu_agent_mig_activity_percent{{gpu="5",mig="{}",which="tensor"}} 45"#,
+            mig(0)
+        ),
+        format!(
+            r#"gpu_agent_mig_activity_percent{{gpu="5",mig="{}",which="sm"}} 95"#,
+            mig(1)
+        ),
+        r#"gpu_agent_gpu_stage{gpu="5",stage="productive"} 1"#.to_string(),
+    ] {
+        assert!(body.contains(&line), "{line}: {body}");
+    }
+    let seconds = |pod: &str, state: &str| {
+        body.lines()
+            .find(|l| {
+                l.starts_with(&format!(
+                    r#"gpu_agent_pod_gpu_seconds_total{{namespace="ml",pod="{pod}",state="{state}"}}"#
+                ))
+            })
+            .and_then(|l| l.rsplit_once(' '))
+            .and_then(|(_, v)| v.parse::<f64>().ok())
+    };
+    assert!(
+        seconds("train-mig", "productive").is_some_and(|v| v > 0.0),
+        "{body}"
+    );
+    assert!(
+        seconds("stuck-mig", "busy").is_some_and(|v| v > 0.0),
+        "{body}"
+    );
+    assert_eq!(seconds("stuck-mig", "productive"), None, "{body}");
+    assert!(agent.stop().success());
+}

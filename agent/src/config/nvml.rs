@@ -30,10 +30,13 @@ pub struct NvmlConfig {
     /// poll).
     pub clear_after: HumanDuration<0, DAY>,
     /// Utilisation (percent) from which a GPU is busy: only a busy GPU is judged slow (an
-    /// idle one clocks down and lowers its PCIe generation to save power).
+    /// idle one clocks down and lowers its PCIe generation to save power). In the funnel,
+    /// a MIG device's GPU instance is busy from this SM activity (GPM; MIG mode gives no
+    /// utilisation).
     pub busy_percent: u32,
-    /// GPM's tensor activity (percent, Hopper and later) from which a busy GPU is
-    /// productive: doing the work training does, not waiting in a collective.
+    /// GPM's tensor activity (percent, Hopper and later; in MIG mode, of the GPU instance)
+    /// from which a GPU is productive: doing the work training does, not waiting in a
+    /// collective. Tensor work this high counts as busy in the funnel too.
     pub productive_percent: u32,
     /// Busy polls in a row with evidence of being held back (clock events, a lowered
     /// power limit, a straggling clock, a PCIe link below its best or replaying) before a

@@ -29,8 +29,8 @@ pub use pci::{PciAddress, PciAddressError};
 pub use reason::{reason, WHOLE_NODE};
 pub use snapshot::{
     FaultPathLock, GpuFabric, GpuIdentity, GpuStatus, GpuTelemetry, Health, HealthSnapshot,
-    HeldIdle, KmsgCounters, KmsgStats, NodeCondition, PendingEnd, SinkStatus, SourceState,
-    SourceStatus,
+    HeldIdle, KmsgCounters, KmsgStats, MigActivity, NodeCondition, PendingEnd, SinkStatus,
+    SourceState, SourceStatus,
 };
 
 /// FNV-1a of `text`: a hash stable across runs and builds, for deterministic object names

@@ -107,6 +107,26 @@ pub struct GpuTelemetry {
     /// GPM: DRAM bandwidth in use, percent.
     #[serde(default)]
     pub dram_bw_percent: Option<u32>,
+    /// In MIG mode, GPM's activity of each MIG device's GPU instance (a pod holding a MIG
+    /// device is judged by its own instance); empty when MIG is off.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_activity: Vec<MigActivity>,
+}
+
+/// GPM's activity of one MIG device's GPU instance over the last poll interval, percent;
+/// `None`: unknown (no GPM, the first poll), never 0.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigActivity {
+    /// The MIG device's UUID (`MIG-...`).
+    pub uuid: String,
+    /// Share of the instance's SMs busy.
+    pub sm_active_percent: Option<u32>,
+    /// Warps resident against the instance's SMs' capacity.
+    pub sm_occupancy_percent: Option<u32>,
+    /// Any tensor pipe of the instance busy.
+    pub tensor_active_percent: Option<u32>,
+    /// The instance's DRAM bandwidth in use.
+    pub dram_bw_percent: Option<u32>,
 }
 
 /// What NVML says a GPU is.

@@ -2,13 +2,15 @@
 //! how many of those are busy, per GPU and per pod, with the GPU-seconds each pod spends in
 //! each state, so GPU-hours per team are one PromQL expression and a price stays outside
 //! the code. Which pod holds which GPU is the agent's own mapping (the kubelet's
-//! pod-resources); busy is utilisation at or over `[nvml] busy_percent`.
+//! pod-resources); busy is utilisation at or over `[nvml] busy_percent` (or tensor work);
+//! productive is GPM's tensor activity at or over `[nvml] productive_percent`, unknown (no
+//! stage rather than a zero) where GPM is. A GPU in MIG mode has no utilisation: each pod
+//! holding MIG devices on it is judged by its own GPU instances' GPM (SM activity for busy).
 //!
 //! Every [`Settings::interval`] the sink reads the latest snapshot and the holders, sets
 //! `gpu_agent_gpu_stage{gpu,stage}` (1 where the GPU is in the stage) and adds the time since
 //! the last tick to `gpu_agent_pod_gpu_seconds_total{namespace,pod,state}` for each GPU a pod
-//! holds (`allocated`) and is busy on (`busy`). Productive (tensor work, from GPM) is not yet
-//! read: it is no stage here rather than a zero.
+//! holds (`allocated`), is busy on (`busy`) and productive on (`productive`).
 //!
 //! **Held but idle**: a pod that holds GPUs and has kept none of them busy for
 //! [`Settings::held_idle_after`] (20 minutes) is reported once per episode: a Pod Event
@@ -52,7 +54,7 @@ pub const STAGES: [&str; 4] = ["present", "allocated", "busy", "productive"];
 pub struct StageLabels {
     /// GPU index (bus order).
     pub gpu: String,
-    /// `present`, `allocated` or `busy`.
+    /// `present`, `allocated`, `busy` or `productive`.
     pub stage: String,
 }
 
@@ -63,7 +65,7 @@ pub struct PodLabels {
     pub namespace: String,
     /// The pod.
     pub pod: String,
-    /// `allocated` or `busy`.
+    /// `allocated`, `busy` or `productive`.
     pub state: String,
 }
 
@@ -90,12 +92,12 @@ impl FunnelMetrics {
         let m = Self::default();
         registry.register(
             "gpu_agent_gpu_stage",
-            "Per GPU, 1 for each stage of the funnel it is in: present (NVML sees it), allocated (a pod holds it), busy (allocated, utilisation at or over [nvml] busy_percent)",
+            "Per GPU, 1 for each stage of the funnel it is in: present (NVML sees it), allocated (a pod holds it), busy (allocated, utilisation at or over [nvml] busy_percent; in MIG mode a held instance's SM activity), productive (busy, tensor activity at or over [nvml] productive_percent; absent where GPM is unknown)",
             m.stage.clone(),
         );
         registry.register(
             "gpu_agent_pod_gpu_seconds",
-            "GPU-seconds each pod held GPUs (state=allocated) and kept them busy (state=busy)",
+            "GPU-seconds each pod held GPUs (state=allocated), kept them busy (state=busy) and productive (state=productive)",
             m.seconds.clone(),
         );
         registry.register(
@@ -107,24 +109,26 @@ impl FunnelMetrics {
     }
 }
 
-/// One GPU's place in the funnel.
+/// One pod's use of one GPU: of the whole GPU, or in MIG mode of the MIG devices it holds
+/// there (each judged by its own GPU instance's GPM activity).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Stage {
-    /// GPU index.
-    pub gpu: u32,
-    /// The pods holding it (`(namespace, pod)`); empty: not allocated.
-    pub pods: Vec<(String, String)>,
-    /// Allocated and busy.
+pub struct Use {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod.
+    pub pod: String,
+    /// Busy: utilisation (in MIG mode, its instances' SM activity) at or over the busy
+    /// threshold, or tensor work at or over the productive one.
     pub busy: bool,
-    /// Whether busy is known: a GPU that is not allocated is not busy in the funnel; an
-    /// allocated one whose utilisation NVML does not give (a GPU in MIG mode, an old
-    /// driver) is unknown, and never judged idle.
+    /// Whether busy is known: where NVML gives neither utilisation nor the instances' GPM
+    /// (a GPU in MIG mode before Hopper, an old driver), it is unknown, and never judged
+    /// idle.
     pub busy_known: bool,
     /// Busy with tensor work at or over the threshold; `None`: unknown (no GPM).
     pub productive: Option<bool>,
 }
 
-impl Stage {
+impl Use {
     /// Doing work, as far as the agent can tell: busy, and not known to be without tensor
     /// work.
     pub fn working(&self) -> bool {
@@ -132,7 +136,61 @@ impl Stage {
     }
 }
 
-/// Each GPU NVML sees, with the pods holding it (from `assignments`) and whether it is busy.
+/// One GPU's place in the funnel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stage {
+    /// GPU index.
+    pub gpu: u32,
+    /// The pods holding it, and their use of it; empty: not allocated.
+    pub pods: Vec<Use>,
+    /// Allocated and busy (a pod's use of it is).
+    pub busy: bool,
+    /// Whether busy is known (for every pod holding it; a GPU no pod holds is not busy).
+    pub busy_known: bool,
+    /// Busy with tensor work (a pod's use is); `None`: unknown (no GPM).
+    pub productive: Option<bool>,
+}
+
+/// What one part of a GPU a pod uses did: its busy figure (utilisation, or a MIG
+/// instance's SM activity) and its tensor activity, each `None` where unknown.
+type Part = (Option<u32>, Option<u32>);
+
+/// A pod's use of a GPU from the parts it uses (the GPU, or its MIG instances).
+fn judge(parts: &[Part], busy_percent: u32, productive_percent: u32) -> (bool, bool, Option<bool>) {
+    let tensor_work = |p: &Part| p.1.is_some_and(|t| t >= productive_percent);
+    let busy_part = |p: &Part| p.0.is_some_and(|u| u >= busy_percent) || tensor_work(p);
+    let busy = parts.iter().any(busy_part);
+    let busy_known = busy || parts.iter().all(|p| p.0.is_some());
+    let productive = if parts.iter().any(tensor_work) {
+        Some(true)
+    } else if !parts.is_empty() && parts.iter().all(|p| p.1.is_some()) {
+        Some(false)
+    } else {
+        None
+    };
+    (busy, busy_known, productive)
+}
+
+/// The parts of the GPU `telemetry` describes that a pod holding `ids` uses: the MIG
+/// instances among them NVML samples, else the whole GPU.
+fn parts(telemetry: Option<&crate::model::GpuTelemetry>, ids: &[&str]) -> Vec<Part> {
+    let Some(t) = telemetry else {
+        return vec![(None, None)];
+    };
+    let held: Vec<Part> = t
+        .mig_activity
+        .iter()
+        .filter(|m| ids.iter().any(|id| id.eq_ignore_ascii_case(&m.uuid)))
+        .map(|m| (m.sm_active_percent, m.tensor_active_percent))
+        .collect();
+    if held.is_empty() {
+        vec![(t.utilization_gpu, t.tensor_active_percent)]
+    } else {
+        held
+    }
+}
+
+/// Each GPU NVML sees, with the pods holding it (from `assignments`) and their use of it.
 pub fn stages(
     snapshot: &HealthSnapshot,
     assignments: Option<&Assignments>,
@@ -144,27 +202,48 @@ pub fn stages(
         .iter()
         .filter(|g| g.nvml.is_some())
         .map(|g| {
-            let mut pods: Vec<(String, String)> = assignments
-                .map(|a| a.holders(g.pci, &snapshot.gpus))
-                .unwrap_or_default()
-                .into_iter()
-                .map(|h| (h.namespace, h.pod))
-                .collect();
-            pods.sort();
-            pods.dedup();
             let telemetry = g.nvml.as_ref().map(|n| &n.telemetry);
-            let utilization = telemetry.and_then(|t| t.utilization_gpu);
-            let busy_known = pods.is_empty() || utilization.is_some();
-            let busy = !pods.is_empty() && utilization.is_some_and(|u| u >= busy_percent);
-            let productive = telemetry
-                .and_then(|t| t.tensor_active_percent)
-                .map(|tensor| busy && tensor >= productive_percent);
+            let holders = assignments
+                .map(|a| a.holders(g.pci, &snapshot.gpus))
+                .unwrap_or_default();
+            let mut by_pod: BTreeMap<(String, String), Vec<&str>> = BTreeMap::new();
+            for h in &holders {
+                by_pod
+                    .entry((h.namespace.clone(), h.pod.clone()))
+                    .or_default()
+                    .push(&h.device_id);
+            }
+            let pods: Vec<Use> = by_pod
+                .into_iter()
+                .map(|((namespace, pod), ids)| {
+                    let (busy, busy_known, productive) =
+                        judge(&parts(telemetry, &ids), busy_percent, productive_percent);
+                    Use {
+                        namespace,
+                        pod,
+                        busy,
+                        busy_known,
+                        productive,
+                    }
+                })
+                .collect();
+            let productive = if pods.is_empty() {
+                telemetry
+                    .and_then(|t| t.tensor_active_percent)
+                    .map(|_| false)
+            } else if pods.iter().any(|u| u.productive == Some(true)) {
+                Some(true)
+            } else if pods.iter().all(|u| u.productive == Some(false)) {
+                Some(false)
+            } else {
+                None
+            };
             Stage {
                 gpu: g.index,
-                pods,
-                busy,
-                busy_known,
+                busy: pods.iter().any(|u| u.busy),
+                busy_known: pods.iter().all(|u| u.busy_known),
                 productive,
+                pods,
             }
         })
         .collect()
@@ -195,19 +274,17 @@ impl FunnelMetrics {
         let mut per_pod: BTreeMap<(String, String, &str), f64> = BTreeMap::new();
         let seconds = elapsed.as_secs_f64();
         for s in stages {
-            for (namespace, pod) in &s.pods {
-                *per_pod
-                    .entry((namespace.clone(), pod.clone(), "allocated"))
-                    .or_default() += seconds;
-                if s.busy {
-                    *per_pod
-                        .entry((namespace.clone(), pod.clone(), "busy"))
-                        .or_default() += seconds;
-                }
-                if s.productive == Some(true) {
-                    *per_pod
-                        .entry((namespace.clone(), pod.clone(), "productive"))
-                        .or_default() += seconds;
+            for u in &s.pods {
+                for (state, on) in [
+                    ("allocated", true),
+                    ("busy", u.busy),
+                    ("productive", u.productive == Some(true)),
+                ] {
+                    if on {
+                        *per_pod
+                            .entry((u.namespace.clone(), u.pod.clone(), state))
+                            .or_default() += seconds;
+                    }
                 }
             }
         }
@@ -243,11 +320,13 @@ impl Idle {
         // Per pod: its GPUs, whether one works, whether one is busy (without tensor work).
         let mut pods: BTreeMap<(String, String), (Vec<u32>, bool, bool)> = BTreeMap::new();
         for s in stages {
-            for pod in &s.pods {
-                let entry = pods.entry(pod.clone()).or_default();
+            for u in &s.pods {
+                let entry = pods
+                    .entry((u.namespace.clone(), u.pod.clone()))
+                    .or_default();
                 entry.0.push(s.gpu);
-                entry.1 |= s.working();
-                entry.2 |= s.busy;
+                entry.1 |= u.working();
+                entry.2 |= u.busy;
             }
         }
         let idle: BTreeMap<(String, String), (Vec<u32>, bool)> = pods
@@ -481,6 +560,18 @@ mod tests {
         m.snapshot(KmsgStats::default())
     }
 
+    /// Pod `pod`'s GPU-seconds in `state` so far.
+    fn seconds(metrics: &FunnelMetrics, pod: &str, state: &str) -> f64 {
+        metrics
+            .seconds
+            .get_or_create(&PodLabels {
+                namespace: "ml".into(),
+                pod: pod.into(),
+                state: state.into(),
+            })
+            .get()
+    }
+
     fn held(pod: &str, uuid: &str) -> Assignment {
         Assignment {
             namespace: "ml".into(),
@@ -514,22 +605,13 @@ mod tests {
             !stages[3].busy && !stages[3].busy_known,
             "utilisation unknown: not busy, not known idle"
         );
-        assert!(stages[3].working(), "unknown is never judged idle");
+        assert!(stages[3].pods[0].working(), "unknown is never judged idle");
 
         let metrics = FunnelMetrics::default();
         for _ in 0..6 {
             metrics.record(&stages, Duration::from_secs(10));
         }
-        let seconds = |pod: &str, state: &str| {
-            metrics
-                .seconds
-                .get_or_create(&PodLabels {
-                    namespace: "ml".into(),
-                    pod: pod.into(),
-                    state: state.into(),
-                })
-                .get()
-        };
+        let seconds = |pod: &str, state: &str| seconds(&metrics, pod, state);
         // A minute of wall time: pod a held two GPUs (120 GPU-seconds), one of them busy.
         assert!((seconds("a", "allocated") - 120.0).abs() < 1e-9);
         assert!((seconds("a", "busy") - 60.0).abs() < 1e-9);
@@ -559,7 +641,13 @@ mod tests {
     fn a_pod_idle_for_the_window_is_one_episode_until_a_gpu_is_busy_again() {
         let stage = |gpu: u32, pod: &str, busy: bool| Stage {
             gpu,
-            pods: vec![("ml".to_string(), pod.to_string())],
+            pods: vec![Use {
+                namespace: "ml".to_string(),
+                pod: pod.to_string(),
+                busy,
+                busy_known: true,
+                productive: None,
+            }],
             busy,
             busy_known: true,
             productive: None,
@@ -621,19 +709,11 @@ mod tests {
             [Some(true), Some(false), None, None],
             "unknown where GPM is: never false"
         );
-        assert!(stages[0].working() && !stages[1].working() && stages[2].working());
+        let working = |i: usize| stages[i].pods[0].working();
+        assert!(working(0) && !working(1) && working(2));
         let metrics = FunnelMetrics::default();
         metrics.record(&stages, Duration::from_secs(10));
-        let productive = |pod: &str| {
-            metrics
-                .seconds
-                .get_or_create(&PodLabels {
-                    namespace: "ml".into(),
-                    pod: pod.into(),
-                    state: "productive".into(),
-                })
-                .get()
-        };
+        let productive = |pod: &str| seconds(&metrics, pod, "productive");
         assert!((productive("a") - 10.0).abs() < 1e-9 && productive("b").abs() < 1e-9);
         let mut idle = Idle::default();
         let now = Instant::now();
@@ -648,5 +728,78 @@ mod tests {
         assert_eq!(held.len(), 1, "{held:?}");
         assert_eq!(held[0].pod, "b");
         assert!(held[0].busy_without_tensor_work);
+    }
+
+    /// In MIG mode NVML gives no utilisation: each pod is judged by the GPU instances of
+    /// the MIG devices it holds, not by its neighbours on the same GPU.
+    #[test]
+    fn pods_on_one_gpu_in_mig_mode_are_judged_by_their_own_instances() {
+        let mut snapshot = snapshot([None, Some(97), Some(97), Some(97)]);
+        let mig = |uuid: &str, sm: Option<u32>, tensor: Option<u32>| crate::model::MigActivity {
+            uuid: uuid.into(),
+            sm_active_percent: sm,
+            sm_occupancy_percent: sm,
+            tensor_active_percent: tensor,
+            dram_bw_percent: sm,
+        };
+        if let Some(n) = snapshot.gpus[0].nvml.as_mut() {
+            n.mig_uuids = vec![
+                "MIG-a".into(),
+                "MIG-b".into(),
+                "MIG-c".into(),
+                "MIG-d".into(),
+            ];
+            n.telemetry.mig_activity = vec![
+                mig("MIG-a", Some(90), Some(40)),
+                mig("MIG-b", Some(95), Some(0)),
+                mig("MIG-c", Some(0), Some(0)),
+                mig("MIG-d", None, None),
+            ];
+        }
+        let assignments = Assignments {
+            devices: vec![
+                held("working", "MIG-a"),
+                held("waiting", "MIG-b"),
+                held("idle", "MIG-c"),
+                held("unknown", "MIG-d"),
+            ],
+            ..Assignments::default()
+        };
+        let stages = stages(&snapshot, Some(&assignments), 80, 10);
+        let of = |pod: &str| {
+            stages[0]
+                .pods
+                .iter()
+                .find(|u| u.pod == pod)
+                .map(|u| (u.busy, u.busy_known, u.productive))
+        };
+        assert_eq!(of("working"), Some((true, true, Some(true))));
+        assert_eq!(of("waiting"), Some((true, true, Some(false))));
+        assert_eq!(of("idle"), Some((false, true, Some(false))));
+        assert_eq!(
+            of("unknown"),
+            Some((false, false, None)),
+            "never judged idle"
+        );
+        assert!(stages[0].busy && stages[0].productive == Some(true));
+
+        let metrics = FunnelMetrics::default();
+        metrics.record(&stages, Duration::from_secs(10));
+        let seconds = |pod: &str, state: &str| seconds(&metrics, pod, state);
+        assert!((seconds("working", "productive") - 10.0).abs() < 1e-9);
+        assert!(seconds("waiting", "productive").abs() < 1e-9);
+        assert!((seconds("waiting", "busy") - 10.0).abs() < 1e-9);
+        assert!(seconds("idle", "busy").abs() < 1e-9);
+
+        let mut idle = Idle::default();
+        let now = Instant::now();
+        let after = Duration::from_secs(60);
+        idle.follow(&stages, after, now, SystemTime::UNIX_EPOCH);
+        let (held, _) = idle.follow(&stages, after, now + after, SystemTime::UNIX_EPOCH);
+        let told: Vec<(&str, bool)> = held
+            .iter()
+            .map(|h| (h.pod.as_str(), h.busy_without_tensor_work))
+            .collect();
+        assert_eq!(told, [("idle", false), ("waiting", true)]);
     }
 }

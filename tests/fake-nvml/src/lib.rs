@@ -38,6 +38,12 @@ const MIG_HANDLE: usize = 1 << 24;
 /// Instances an H100/H200 can be split into (what `nvmlDeviceGetMaxMigDeviceCount` says).
 const MAX_MIG_DEVICES: c_uint = 7;
 
+/// The GPU instance id of MIG device `index` (`nvmlDeviceGetGpuInstanceId`): not its index,
+/// as on a real GPU, where instance ids follow the placement of the profile.
+const fn gpu_instance_id(index: usize) -> c_uint {
+    3 + 2 * index as c_uint
+}
+
 /// `(parent handle, MIG index)` of a MIG device handle.
 fn mig_handle(device: nvmlDevice_t) -> Option<(nvmlDevice_t, usize)> {
     let raw = device as usize;
@@ -216,6 +222,24 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
             mig,
             (MIG_HANDLE | ((device as usize) << 8) | index as usize) as nvmlDevice_t,
         )
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
+    device: nvmlDevice_t,
+    id: *mut c_uint,
+) -> nvmlReturn_t {
+    let Some((parent, mig)) = mig_handle(device) else {
+        // The real library's answer for a handle that is not a MIG device's.
+        return with_gpu(device, "mig", |_| NOT_SUPPORTED);
+    };
+    with_gpu(parent, "mig", |g| {
+        if mig < g.mig.len() {
+            put(id, gpu_instance_id(mig))
+        } else {
+            INVALID
+        }
     })
 }
 
@@ -458,9 +482,10 @@ pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(
     })
 }
 
-/// A GPM sample: the GPU it was taken on (its index among the visible ones), once taken.
+/// A GPM sample: the GPU it was taken on (its index among the visible ones) and, for a
+/// MIG sample, the MIG device's index on it, once taken.
 struct GpmSample {
-    device: Option<usize>,
+    device: Option<(usize, Option<usize>)>,
 }
 
 #[no_mangle]
@@ -485,6 +510,25 @@ pub unsafe extern "C" fn nvmlGpmSampleGet(
     device: nvmlDevice_t,
     sample: nvmlGpmSample_t,
 ) -> nvmlReturn_t {
+    take_sample(device, None, sample)
+}
+
+/// A sample of one GPU instance of a GPU in MIG mode, by the instance's id.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmMigSampleGet(
+    device: nvmlDevice_t,
+    gpu_instance: c_uint,
+    sample: nvmlGpmSample_t,
+) -> nvmlReturn_t {
+    take_sample(device, Some(gpu_instance), sample)
+}
+
+/// Mark `sample` as taken on `device` (with `gpu_instance`: on that GPU instance of it).
+unsafe fn take_sample(
+    device: nvmlDevice_t,
+    gpu_instance: Option<c_uint>,
+    sample: nvmlGpmSample_t,
+) -> nvmlReturn_t {
     if sample.is_null() {
         return INVALID;
     }
@@ -492,7 +536,15 @@ pub unsafe extern "C" fn nvmlGpmSampleGet(
         if g.gpm.is_none() {
             return NOT_SUPPORTED;
         }
-        (*sample.cast::<GpmSample>()).device = Some((device as usize).wrapping_sub(1));
+        let mig = match gpu_instance {
+            None => None,
+            Some(id) => match (0..g.mig.len()).find(|i| gpu_instance_id(*i) == id) {
+                None => return INVALID,
+                Some(mig) if mig >= g.mig_gpm.len() => return NOT_SUPPORTED,
+                Some(mig) => Some(mig),
+            },
+        };
+        (*sample.cast::<GpmSample>()).device = Some(((device as usize).wrapping_sub(1), mig));
         OK
     })
 }
@@ -513,8 +565,13 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(request: *mut nvmlGpmMetricsGet_t) ->
     let (Some(device), true) = (first.device, first.device == second.device) else {
         return INVALID;
     };
+    let (device, mig) = device;
     with_gpu((device + 1) as nvmlDevice_t, "gpm", |g| {
-        let Some(gpm) = g.gpm else {
+        let gpm = match mig {
+            Some(mig) => g.mig_gpm.get(mig).copied(),
+            None => g.gpm,
+        };
+        let Some(gpm) = gpm else {
             return NOT_SUPPORTED;
         };
         let count = (request.numMetrics as usize).min(request.metrics.len());

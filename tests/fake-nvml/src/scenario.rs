@@ -97,6 +97,9 @@ pub struct Gpu {
     pub recovery_action: Option<u32>,
     /// UUIDs (`MIG-...`) of the MIG devices on this GPU; empty: MIG mode off.
     pub mig: Vec<String>,
+    /// GPM figures of each MIG device's GPU instance (`nvmlGpmMigSampleGet`), in the order
+    /// of `mig`; a MIG device without an entry: `NVML_ERROR_NOT_SUPPORTED`.
+    pub mig_gpm: Vec<Gpm>,
     /// `nvmlDeviceGetGpuFabricInfoV`: the GPU's NVLink fabric registration (GB200/GB300
     /// NVL72 and HGX systems). Absent: the call is not supported (a PCIe GPU, an older
     /// driver).

@@ -212,6 +212,7 @@ fn telemetry(encoder: &mut DescriptorEncoder, s: &HealthSnapshot) -> std::fmt::R
     ) = Default::default();
     let (mut clock, mut power, mut replay, mut activity): (Rows, Rows, Rows, Rows) =
         Default::default();
+    let mut mig_activity: Vec<([(&'static str, String); 3], u64)> = Vec::new();
     for g in &s.gpus {
         let Some(t) = g.nvml.as_ref().map(|n| &n.telemetry) else {
             continue;
@@ -296,6 +297,23 @@ fn telemetry(encoder: &mut DescriptorEncoder, s: &HealthSnapshot) -> std::fmt::R
         ] {
             row(&mut activity, "which", which, value.map(u64::from));
         }
+        for m in &t.mig_activity {
+            for (which, value) in [
+                ("sm", m.sm_active_percent),
+                ("occupancy", m.sm_occupancy_percent),
+                ("tensor", m.tensor_active_percent),
+                ("dram", m.dram_bw_percent),
+            ] {
+                if let Some(v) = value {
+                    let labels = [
+                        ("gpu", gpu.clone()),
+                        ("mig", m.uuid.clone()),
+                        ("which", which.to_string()),
+                    ];
+                    mig_activity.push((labels, u64::from(v)));
+                }
+            }
+        }
     }
     family(
         encoder,
@@ -376,6 +394,14 @@ fn telemetry(encoder: &mut DescriptorEncoder, s: &HealthSnapshot) -> std::fmt::R
          where unknown.",
         Gauge,
         &activity,
+    )?;
+    family(
+        encoder,
+        "gpu_agent_mig_activity_percent",
+        "In MIG mode, GPM's activity of each MIG device's GPU instance (mig: its UUID) over \
+         the last poll interval, as gpu_agent_gpu_activity_percent; absent where unknown.",
+        Gauge,
+        &mig_activity,
     )
 }
 

@@ -552,7 +552,7 @@ mod tests {
             pcie_replay: Ok(0),
             gpm: Err(Unread::NotSupported),
             recovery_action: Err(Unread::NotSupported),
-            mig_uuids: Vec::new(),
+            migs: Vec::new(),
             fabric: Err(Unread::NotSupported),
         }
     }

@@ -2,7 +2,9 @@
 //! two samples a poll apart: SM activity, SM occupancy, any-tensor activity and DRAM
 //! bandwidth, in percent of the interval. Utilisation says a kernel was resident; the
 //! tensor figure says whether it did the work training does (a rank waiting in a collective
-//! keeps a kernel resident with no tensor work).
+//! keeps a kernel resident with no tensor work). A GPU in MIG mode is also sampled per GPU
+//! instance (`nvmlGpmMigSampleGet`), so a pod holding one MIG device is judged by its own
+//! instance's work.
 //!
 //! GPM reads a GPU subsystem of its own, not the performance monitors DCGM's profiling and
 //! Nsight hold exclusively (NVIDIA's DCGM maintainers, NVIDIA/DCGM#62): sampling here takes
@@ -63,31 +65,55 @@ impl<'n> Gpm<'n> {
         }
     }
 
-    /// Take this poll's sample of each GPU in `readings` and set its `gpm` from the interval
-    /// since the last one.
+    /// Take this poll's sample of each GPU in `readings`, and of each GPU instance of one
+    /// in MIG mode, and set its `gpm` from the interval since the last one.
     pub fn read(&mut self, readings: &mut [GpuReading]) {
         let mut next = HashMap::new();
         for r in readings.iter_mut() {
             let key = super::checks::gpu_key(r);
-            let sample = self.sample(r.nvml_index);
-            r.gpm = match (sample, self.last.remove(&key)) {
-                (Ok(now), Some(before)) => {
-                    let activity = self.activity(&before, &now);
-                    next.insert(key, now);
-                    activity
-                }
-                (Ok(now), None) => {
-                    next.insert(key, now);
-                    Err(Unread::NotSupported)
-                }
-                (Err(why), _) => Err(why),
-            };
+            let device = self.device(r.nvml_index);
+            let sample = device
+                .as_ref()
+                .map_err(Clone::clone)
+                .and_then(|d| d.gpm_sample().map_err(unread));
+            r.gpm = self.interval(key, sample, &mut next);
+            for mig in &mut r.migs {
+                let sample = match (&device, mig.gpu_instance) {
+                    (Ok(d), Some(instance)) => d.gpm_mig_sample(instance).map_err(unread),
+                    (Ok(_), None) => Err(Unread::NotSupported),
+                    (Err(why), _) => Err(why.clone()),
+                };
+                mig.gpm = self.interval(mig.uuid.clone(), sample, &mut next);
+            }
         }
-        // GPUs gone since: their samples are freed with the map.
+        // GPUs and instances gone since: their samples are freed with the map.
         self.last = next;
     }
 
-    fn sample(&self, index: u32) -> Result<GpmSample<'n>, Unread> {
+    /// The activity from the last sample under `key` to `sample`, which is kept in `next`
+    /// (unknown on the first).
+    fn interval(
+        &mut self,
+        key: String,
+        sample: Result<GpmSample<'n>, Unread>,
+        next: &mut HashMap<String, GpmSample<'n>>,
+    ) -> Result<Activity, Unread> {
+        match (sample, self.last.remove(&key)) {
+            (Ok(now), Some(before)) => {
+                let activity = self.activity(&before, &now);
+                next.insert(key, now);
+                activity
+            }
+            (Ok(now), None) => {
+                next.insert(key, now);
+                Err(Unread::NotSupported)
+            }
+            (Err(why), _) => Err(why),
+        }
+    }
+
+    /// GPU `index`, where GPM can sample it.
+    fn device(&self, index: u32) -> Result<nvml_wrapper::Device<'n>, Unread> {
         let device = self.nvml.device_by_index(index).map_err(unread)?;
         if !device.gpm_support().map_err(unread)? {
             return Err(Unread::NotSupported);
@@ -98,7 +124,7 @@ impl<'n> Gpm<'n> {
         ) {
             return Err(Unread::NotSupported);
         }
-        device.gpm_sample().map_err(unread)
+        Ok(device)
     }
 
     fn activity(&self, before: &GpmSample<'n>, now: &GpmSample<'n>) -> Result<Activity, Unread> {

@@ -29,7 +29,9 @@ pub use checks::{evaluate, Finding, Rates, NVLINK_ERRORS_PER_MINUTE};
 pub use probe::{read_all, GpuReading};
 
 use crate::host;
-use crate::model::{FaultReport, GpuIdentity, GpuTelemetry, Observation, SourceKind, SourceState};
+use crate::model::{
+    FaultReport, GpuIdentity, GpuTelemetry, MigActivity, Observation, SourceKind, SourceState,
+};
 
 /// How often a missing driver is looked for again.
 const RETRY_INIT: Duration = Duration::from_secs(60);
@@ -234,7 +236,7 @@ fn identity(r: &GpuReading) -> GpuIdentity {
         uuid: r.uuid.clone().ok(),
         name: r.name.clone().ok(),
         serial: r.serial.clone().ok(),
-        mig_uuids: r.mig_uuids.clone(),
+        mig_uuids: r.migs.iter().map(|m| m.uuid.clone()).collect(),
         fabric: r.fabric.as_ref().ok().and_then(fabric::FabricInfo::view),
         telemetry: GpuTelemetry {
             ecc_uncorrected_volatile: r.ecc_volatile.clone().ok(),
@@ -264,6 +266,20 @@ fn identity(r: &GpuReading) -> GpuIdentity {
             sm_occupancy_percent: r.gpm.as_ref().ok().map(|g| g.sm_occupancy),
             tensor_active_percent: r.gpm.as_ref().ok().map(|g| g.tensor_active),
             dram_bw_percent: r.gpm.as_ref().ok().map(|g| g.dram_bw),
+            mig_activity: r
+                .migs
+                .iter()
+                .map(|m| {
+                    let gpm = m.gpm.as_ref().ok();
+                    MigActivity {
+                        uuid: m.uuid.clone(),
+                        sm_active_percent: gpm.map(|g| g.sm_active),
+                        sm_occupancy_percent: gpm.map(|g| g.sm_occupancy),
+                        tensor_active_percent: gpm.map(|g| g.tensor_active),
+                        dram_bw_percent: gpm.map(|g| g.dram_bw),
+                    }
+                })
+                .collect(),
         },
     }
 }

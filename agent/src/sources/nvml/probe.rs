@@ -127,11 +127,22 @@ pub struct GpuReading {
     /// The driver's own required recovery action (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`,
     /// R565+): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset.
     pub recovery_action: Read<u32>,
-    /// UUIDs of its MIG devices (empty when MIG is off or not supported): what the device
-    /// plugin hands out as `MIG-...` IDs.
-    pub mig_uuids: Vec<String>,
+    /// Its MIG devices (empty when MIG is off or not supported).
+    pub migs: Vec<MigReading>,
     /// NVLink fabric registration (`nvmlDeviceGetGpuFabricInfoV`).
     pub fabric: Read<FabricInfo>,
+}
+
+/// One MIG device of a GPU in MIG mode.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MigReading {
+    /// Its UUID (`MIG-...`): what the device plugin hands out.
+    pub uuid: String,
+    /// The GPU instance it belongs to (`None`: unread).
+    pub gpu_instance: Option<u32>,
+    /// GPM's activity of its GPU instance over the last poll interval (set by
+    /// [`super::gpm::Gpm::read`], unknown until then).
+    pub gpm: Read<super::gpm::Activity>,
 }
 
 impl GpuReading {
@@ -159,7 +170,7 @@ impl GpuReading {
             pcie_replay: Err(why.clone()),
             gpm: Err(why.clone()),
             recovery_action: Err(why.clone()),
-            mig_uuids: Vec::new(),
+            migs: Vec::new(),
             fabric: Err(why),
         }
     }
@@ -249,7 +260,7 @@ fn read_gpu(nvml: &Nvml, nvml_index: u32, device: &Device<'_>) -> GpuReading {
         pcie_replay: read(device.pcie_replay_counter()),
         gpm: Err(Unread::NotSupported),
         recovery_action: recovery_action(device),
-        mig_uuids: mig_uuids(device),
+        migs: migs(nvml, device),
         fabric: raw::gpu_fabric_info(nvml, device),
     }
 }
@@ -303,14 +314,20 @@ fn nvlink(device: &Device<'_>) -> Read<NvlinkState> {
     Ok(state)
 }
 
-/// The UUIDs of the GPU's MIG devices; none when MIG is off (one call on a GPU without MIG).
-fn mig_uuids(device: &Device) -> Vec<String> {
+/// The GPU's MIG devices; none when MIG is off (one call on a GPU without MIG).
+fn migs(nvml: &Nvml, device: &Device) -> Vec<MigReading> {
     if !device.mig_mode().is_ok_and(|m| m.current == 1) {
         return Vec::new();
     }
     let count = device.mig_device_count().unwrap_or(0);
     (0..count)
         .filter_map(|i| device.mig_device_by_index(i).ok())
-        .filter_map(|mig| mig.uuid().ok())
+        .filter_map(|mig| {
+            Some(MigReading {
+                uuid: mig.uuid().ok()?,
+                gpu_instance: raw::gpu_instance_id(nvml, &mig).ok(),
+                gpm: Err(Unread::NotSupported),
+            })
+        })
         .collect()
 }

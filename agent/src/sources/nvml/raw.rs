@@ -1,6 +1,6 @@
 //! The NVML calls nvml-wrapper 0.13 has no safe method for, wrapped safely:
-//! `nvmlDeviceGetRemappedRows`, `nvmlDeviceGetGpuMaxPcieLinkGeneration` and
-//! `nvmlDeviceGetGpuFabricInfoV`.
+//! `nvmlDeviceGetRemappedRows`, `nvmlDeviceGetGpuMaxPcieLinkGeneration`,
+//! `nvmlDeviceGetGpuFabricInfoV` and `nvmlDeviceGetGpuInstanceId`.
 #![allow(unsafe_code)]
 
 use std::os::raw::c_uint;
@@ -53,6 +53,17 @@ pub fn remapped_rows(nvml: &Nvml, device: &Device<'_>) -> Read<RemapRows> {
         pending: pending != 0,
         failure: failure != 0,
     })
+}
+
+/// The id of the GPU instance a MIG device belongs to (what `nvmlGpmMigSampleGet` takes).
+pub fn gpu_instance_id(nvml: &Nvml, mig: &Device<'_>) -> Read<u32> {
+    let sym = nvml_sym(nvml.lib().nvmlDeviceGetGpuInstanceId.as_ref()).map_err(classify)?;
+    let mut id: c_uint = 0;
+    // SAFETY: `mig.handle()` is a live handle from the same library; the out-pointer is a
+    // valid, aligned, writable local; the signature is nvml-wrapper-sys's, from NVIDIA's
+    // header.
+    unsafe { nvml_try(sym(mig.handle(), &mut id)) }.map_err(classify)?;
+    Ok(id)
 }
 
 /// The GPU's own maximum PCIe generation (not the slot's).
