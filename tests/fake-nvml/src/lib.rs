@@ -799,9 +799,9 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
         if now >= deadline {
             return nvmlReturn_enum_NVML_ERROR_TIMEOUT;
         }
-        // The real library blocks in the kernel; looking at the scenario ten times a second
-        // keeps the fake's own cost out of the agent's measured idle CPU.
-        std::thread::sleep((deadline - now).min(std::time::Duration::from_millis(100)));
+        // The real library blocks in the kernel until an event; so does this, until the
+        // scenario changes.
+        scenario::wait_for_change(deadline - now);
     }
 }
 
