@@ -1,7 +1,9 @@
 //! Footprint with every source and sink on: start-to-READY time, then idle RSS and CPU over
 //! `FOOTPRINT_SECS` (default 600 s). The daemon (release build) runs against test doubles for
 //! what this machine lacks: the fake NVML library (8 GPUs x 18 NVLinks, polled every 10 s as
-//! by default), the test IMDS (polled every second), the test EC2 API, the test Kubernetes
+//! by default), the test IMDS (a Spot instance: polled every second; `FOOTPRINT_LIFE_CYCLE`
+//! sets what its `instance-life-cycle` answers, `on-demand` for an instance no Spot notice
+//! can come to), the test EC2 API, the test Kubernetes
 //! API server (conditions, heartbeat every minute), the test kubelet's pod-resources server
 //! (with the Kubernetes sink: eight pods, one per GPU), a fake logind on a private D-Bus, and
 //! a p5's 32 EFA devices in the fake sysfs (read every 5 s).
@@ -39,6 +41,9 @@ fn main() {
         .unwrap_or(600);
     let host = Host::new();
     let imds = FakeImds::start();
+    if let Ok(life_cycle) = std::env::var("FOOTPRINT_LIFE_CYCLE") {
+        imds.set_life_cycle(&life_cycle);
+    }
     let ec2 = FakeEc2::start();
     let api = KubeApi::start(&["bench-node"]);
     let logind = FakeLogind::start(host.dir.path());

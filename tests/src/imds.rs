@@ -36,6 +36,8 @@ pub struct ImdsState {
     pub rebalance: Option<String>,
     /// `events/maintenance/scheduled` body (`[]` when `None`).
     pub scheduled: Option<String>,
+    /// `instance-life-cycle` (`None`: `spot`, the instance a Spot notice can come to).
+    pub life_cycle: Option<String>,
     /// Tokens handed out, with their expiry.
     tokens: HashMap<String, Instant>,
     /// GETs answered, by path.
@@ -84,6 +86,18 @@ impl FakeImds {
     /// Set the scheduled events (a JSON array).
     pub fn set_scheduled(&self, body: &str) {
         self.state.lock().expect("state").scheduled = Some(body.to_string());
+    }
+
+    /// What `instance-life-cycle` answers (`on-demand`, `spot`).
+    pub fn set_life_cycle(&self, value: &str) {
+        self.state.lock().expect("state").life_cycle = Some(value.to_string());
+    }
+
+    /// GETs of `path` (under `/latest/meta-data/`) answered so far.
+    pub fn gets_of(&self, path: &str) -> usize {
+        let full = format!("/latest/meta-data/{path}");
+        let s = self.state.lock().expect("state");
+        s.gets.iter().filter(|p| **p == full).count()
     }
 
     /// Put the service into a fault mode (or back with [`ImdsFault::None`]).
@@ -171,6 +185,7 @@ async fn handle(
         "spot/instance-action" => s.spot.clone(),
         "events/recommendations/rebalance" => s.rebalance.clone(),
         "events/maintenance/scheduled" => Some(s.scheduled.clone().unwrap_or_else(|| "[]".into())),
+        "instance-life-cycle" => Some(s.life_cycle.clone().unwrap_or_else(|| "spot".into())),
         "instance-id" => Some("i-0123456789abcdef0".into()),
         "placement/region" => Some("us-west-2".into()),
         _ => None,

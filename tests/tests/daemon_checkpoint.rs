@@ -155,6 +155,54 @@ fn scheduled_maintenance_fires_at_deadline_minus_lead() {
     assert!(agent.stop().success());
 }
 
+/// A Spot notice can only come to a Spot instance: on an On-Demand one (IMDS
+/// `instance-life-cycle`) the Spot path is read at the rebalance recommendation's pace, not
+/// every `poll_interval`; a notice that comes anyway is still acted on.
+#[test]
+fn only_a_spot_instance_polls_the_spot_notice_at_its_pace() {
+    let started = |life_cycle: &str| {
+        let host = Host::new();
+        let imds = FakeImds::start();
+        imds.set_life_cycle(life_cycle);
+        let config = config(&host, &imds, "");
+        let text = std::fs::read_to_string(&config)
+            .expect("config")
+            .replace(
+                "rebalance_interval = \"200ms\"",
+                "rebalance_interval = \"2s\"",
+            )
+            .replace(
+                "scheduled_interval = \"200ms\"",
+                "scheduled_interval = \"2s\"",
+            );
+        std::fs::write(&config, text).expect("config");
+        let agent = Agent::start(&config, &host.socket());
+        agent.wait_for_source_on(Duration::from_secs(5), "imds");
+        (host, imds, agent)
+    };
+    let (_spot_host, spot, spot_agent) = started("spot");
+    let (host, on_demand, agent) = started("on-demand");
+    let gpu = gpu_device(host.dir.path(), "nvidia1");
+    let handler = Trainer::start(host.dir.path(), "handler", "usr1", Some(&gpu), &[]);
+    let path = "spot/instance-action";
+    let before = (spot.gets_of(path), on_demand.gets_of(path));
+    std::thread::sleep(Duration::from_secs(3));
+    let fast = spot.gets_of(path) - before.0;
+    let slow = on_demand.gets_of(path) - before.1;
+    assert!(
+        fast >= 10,
+        "a Spot instance, every 200 ms: {fast} GETs in 3 s"
+    );
+    assert!(slow <= 2, "an On-Demand one, every 2 s: {slow} GETs in 3 s");
+    // A notice that comes anyway is still seen, at the slower pace.
+    on_demand.spot_terminate_in(Duration::from_secs(120));
+    wait(Duration::from_secs(5), "SIGUSR1 at the trainer", || {
+        handler.signals() == ["SIGUSR1"]
+    });
+    assert!(spot_agent.stop().success());
+    assert!(agent.stop().success());
+}
+
 #[test]
 fn off_ec2_the_imds_source_is_off_without_touching_the_network() {
     let host = Host::new();

@@ -14,7 +14,9 @@ pub struct ImdsConfig {
     /// Endpoint override (tests point it at a loopback server); empty: the standard
     /// `AWS_EC2_METADATA_SERVICE_ENDPOINT` variable, else the link-local address on EC2.
     pub endpoint: String,
-    /// How often the Spot instance-action is polled (it gives two minutes).
+    /// How often the Spot instance-action is polled (it gives two minutes), on a Spot
+    /// instance (IMDS `instance-life-cycle` is `spot`, or unreadable). Elsewhere no Spot
+    /// notice can come: every path is read at the rebalance recommendation's pace.
     pub poll_interval: HumanDuration<{ 100 * MS }, MINUTE>,
     /// How often the rebalance recommendation is polled (it changes rarely).
     pub rebalance_interval: HumanDuration<{ 100 * MS }, HOUR>,

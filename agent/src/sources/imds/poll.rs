@@ -1,6 +1,8 @@
 //! The IMDS poller: one poll of the three notice paths (on the light IMDSv2 session,
 //! [`super::session`]), the source's task, and the aws-config IMDS client the Capacity Block
-//! source's credentials and region use.
+//! source's credentials and region use. The Spot notice is polled every `poll_interval`
+//! only on a Spot instance (`instance-life-cycle`, read once; unknown counts as Spot):
+//! elsewhere no Spot notice can come, and it is read with the rebalance recommendation.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -112,6 +114,64 @@ pub async fn poll(
     out
 }
 
+/// What this instance was bought as (`instance-life-cycle`): a Spot notice can only come to
+/// a Spot instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LifeCycle {
+    /// `spot`.
+    Spot,
+    /// Anything else IMDS says (`on-demand`; a Capacity Block's, whatever it is).
+    Other,
+    /// Not read yet (IMDS did not answer): taken as Spot, and read again each poll.
+    Unknown,
+}
+
+impl LifeCycle {
+    /// Read `instance-life-cycle`.
+    pub async fn read(session: &mut Session) -> Self {
+        match session.get("instance-life-cycle").await {
+            Ok(Some(value)) if value.trim() == "spot" => Self::Spot,
+            Ok(Some(_)) => Self::Other,
+            Ok(None) | Err(_) => Self::Unknown,
+        }
+    }
+
+    /// How often the notice paths are looked at: the Spot notice's `poll_interval` on a
+    /// Spot instance (or one not known not to be); elsewhere, where no Spot notice can come,
+    /// the Spot path is read with the rebalance recommendation (the faster of the slow
+    /// intervals): a tenth of the requests or fewer, and a notice that came anyway is
+    /// still seen.
+    pub fn period(self, settings: &Settings) -> Duration {
+        match self {
+            Self::Spot | Self::Unknown => settings.poll_interval,
+            Self::Other => settings
+                .slow_intervals
+                .iter()
+                .copied()
+                .min()
+                .unwrap_or(settings.poll_interval)
+                .max(settings.poll_interval),
+        }
+    }
+}
+
+impl std::fmt::Display for LifeCycle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Spot => "spot",
+            Self::Other => "not spot",
+            Self::Unknown => "unknown (taken as spot)",
+        })
+    }
+}
+
+/// A tick every `period`; a late one is not made up for.
+fn ticker(period: Duration) -> tokio::time::Interval {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick
+}
+
 /// Run until shutdown.
 pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown: Shutdown) {
     let state = |s| Observation::Source(SourceKind::Imds, s);
@@ -146,9 +206,10 @@ pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown
         }
     };
     let _ = tx.send(state(SourceState::On)).await;
-    tracing::info!(endpoint = explicit.as_deref().unwrap_or("instance default"), interval = ?settings.poll_interval, "Polling IMDS.");
-    let mut tick = tokio::time::interval(settings.poll_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut life_cycle = LifeCycle::read(&mut session).await;
+    let mut period = life_cycle.period(&settings);
+    tracing::info!(endpoint = explicit.as_deref().unwrap_or("instance default"), life_cycle = %life_cycle, interval = ?period, "Polling IMDS.");
+    let mut tick = ticker(period);
     let mut last_error: Option<String> = None;
     let mut last: Option<Vec<Notice>> = None;
     // Each path's notices as last read; a path that fails keeps what it had (an unreachable
@@ -163,6 +224,14 @@ pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown
         tokio::select! {
             _ = tick.tick() => {}
             () = shutdown.wait() => return,
+        }
+        if life_cycle == LifeCycle::Unknown {
+            life_cycle = LifeCycle::read(&mut session).await;
+            if life_cycle.period(&settings) != period {
+                period = life_cycle.period(&settings);
+                tracing::info!(life_cycle = %life_cycle, interval = ?period, "IMDS: the purchase option is known; polling the Spot notice at its pace.");
+                tick = ticker(period);
+            }
         }
         let now = tokio::time::Instant::now();
         let due = [
