@@ -31,7 +31,7 @@ use gpu_agent_e2e::kube_api::KubeApi;
 use gpu_agent_e2e::kubelet::Kubelet;
 use gpu_agent_e2e::logind::FakeLogind;
 use gpu_agent_e2e::{
-    cpu_ns_live_threads, cpu_ticks, fake_nvml, status_kib, Agent, Host, NvmlScenario,
+    cpu_by_thread, cpu_ns_live_threads, cpu_ticks, fake_nvml, status_kib, Agent, Host, NvmlScenario,
 };
 
 fn main() {
@@ -194,6 +194,9 @@ fn main() {
             .max(Duration::from_secs(5)),
     );
     let lists0 = kubelet.list_calls();
+    let group = CpuGroup::join(pid);
+    let all0 = group.as_ref().and_then(CpuGroup::usage_ns);
+    let by_thread0 = cpu_by_thread(pid);
     let (ticks0, ns0, t0) = (cpu_ticks(pid), cpu_ns_live_threads(pid), Instant::now());
     let mut rss_max = 0;
     while t0.elapsed() < Duration::from_secs(secs) {
@@ -203,13 +206,40 @@ fn main() {
     let elapsed = t0.elapsed().as_secs_f64();
     let cpu = (cpu_ticks(pid) - ticks0) as f64 / 100.0 / elapsed * 100.0;
     let cpu_precise = cpu_ns_live_threads(pid).saturating_sub(ns0) as f64 / 1e9 / elapsed * 100.0;
+    let cpu_all = group
+        .as_ref()
+        .and_then(CpuGroup::usage_ns)
+        .zip(all0)
+        .map_or("unavailable".to_string(), |(now, then)| {
+            format!(
+                "{:.4}%",
+                now.saturating_sub(then) as f64 / 1e9 / elapsed * 100.0
+            )
+        });
     println!(
-        "idle {secs} s, {which}: RSS {} KiB now, max {rss_max} KiB, VmHWM {} KiB; CPU {cpu:.3}% of one core (10 ms ticks; live threads, to the microsecond: {cpu_precise:.4}%); IMDS GETs {}, API requests {}, kubelet pod-resources Lists while idle {}",
+        "idle {secs} s, {which}: RSS {} KiB now, max {rss_max} KiB, VmHWM {} KiB; CPU {cpu:.3}% of one core (10 ms ticks; live threads, to the microsecond: {cpu_precise:.4}%; every thread, exited ones too, from its own cgroup: {cpu_all}); IMDS GETs {}, API requests {}, kubelet pod-resources Lists while idle {}",
         status_kib(pid, "VmRSS:"),
         status_kib(pid, "VmHWM:"),
         imds.gets(),
         api.requests().len(),
         kubelet.list_calls() - lists0
+    );
+    let mut by_thread: Vec<(String, f64)> = cpu_by_thread(pid)
+        .into_iter()
+        .map(|(comm, ns)| {
+            let before = by_thread0.get(&comm).copied().unwrap_or(0);
+            (comm, ns.saturating_sub(before) as f64 / 1e6)
+        })
+        .filter(|(_, ms)| *ms > 0.0)
+        .collect();
+    by_thread.sort_by(|a, b| b.1.total_cmp(&a.1));
+    println!(
+        "CPU by live thread over the window (ms): {}",
+        by_thread
+            .iter()
+            .map(|(comm, ms)| format!("{comm} {ms:.1}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     println!("resident memory by mapping (KiB): {}", breakdown(pid));
     println!(
@@ -307,4 +337,67 @@ fn breakdown(pid: u32) -> String {
         .map(|(k, v)| format!("{k} {v}"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// A cgroup of the daemon's own, for its CPU time to the nanosecond over every thread it
+/// ran, those that ended included (the blocking pool's come and go): cgroup v2's `cpu.stat`
+/// where mounted, else v1's `cpuacct`. `None` where neither can be made (not root).
+struct CpuGroup {
+    dir: std::path::PathBuf,
+    v2: bool,
+}
+
+impl CpuGroup {
+    fn join(pid: u32) -> Option<Self> {
+        let name = format!("gpu-agent-footprint-{pid}");
+        let candidates = [
+            ("/sys/fs/cgroup/unified", true),
+            ("/sys/fs/cgroup", true),
+            ("/sys/fs/cgroup/cpuacct", false),
+        ];
+        candidates.iter().find_map(|(root, v2)| {
+            let root = std::path::Path::new(root);
+            let marker = if *v2 {
+                "cgroup.controllers"
+            } else {
+                "cpuacct.usage"
+            };
+            if !root.join(marker).exists() {
+                return None;
+            }
+            let dir = root.join(&name);
+            std::fs::create_dir(&dir).ok()?;
+            let group = Self { dir, v2: *v2 };
+            std::fs::write(group.dir.join("cgroup.procs"), pid.to_string()).ok()?;
+            group.usage_ns().map(|_| group)
+        })
+    }
+
+    fn usage_ns(&self) -> Option<u64> {
+        if self.v2 {
+            let stat = std::fs::read_to_string(self.dir.join("cpu.stat")).ok()?;
+            stat.lines()
+                .find_map(|l| l.strip_prefix("usage_usec "))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(|us| us * 1000)
+        } else {
+            std::fs::read_to_string(self.dir.join("cpuacct.usage"))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        }
+    }
+}
+
+impl Drop for CpuGroup {
+    fn drop(&mut self) {
+        // Empty once the daemon has exited; a cgroup with no process can be removed.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }

@@ -122,20 +122,29 @@ pub fn cpu_ticks(pid: u32) -> u64 {
 /// each `/proc/PID/task/TID/sched`, microsecond precision, where `/proc/PID/stat` counts
 /// 10 ms ticks). Threads that exited are not counted.
 pub fn cpu_ns_live_threads(pid: u32) -> u64 {
+    cpu_by_thread(pid).values().sum()
+}
+
+/// Each live thread's CPU time (ns), summed by name (the runtime's workers share one).
+pub fn cpu_by_thread(pid: u32) -> std::collections::BTreeMap<String, u64> {
+    let mut out = std::collections::BTreeMap::new();
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
+        return out;
     };
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("sched")).ok())
-        .filter_map(|text| {
-            text.lines()
-                .find(|l| l.starts_with("se.sum_exec_runtime"))
-                .and_then(|l| l.rsplit(':').next())
-                .and_then(|ms| ms.trim().parse::<f64>().ok())
-        })
-        .map(|ms| (ms * 1e6) as u64)
-        .sum()
+    for task in tasks.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        let ns = std::fs::read_to_string(task.path().join("sched"))
+            .ok()
+            .and_then(|text| {
+                text.lines()
+                    .find(|l| l.starts_with("se.sum_exec_runtime"))
+                    .and_then(|l| l.rsplit(':').next())
+                    .and_then(|ms| ms.trim().parse::<f64>().ok())
+            })
+            .map_or(0, |ms| (ms * 1e6) as u64);
+        *out.entry(comm.trim().to_string()).or_default() += ns;
+    }
+    out
 }
 
 /// A `kB` field of `/proc/PID/status` (`"VmRSS:"`, `"VmHWM:"`), in KiB; 0 if absent.
