@@ -15,8 +15,11 @@ use tokio::sync::mpsc;
 use crate::catalog::{self, DriverBranch};
 use crate::model::{Component, FaultCode, FaultReport, Observation, PciAddress, SourceKind};
 
-/// How long one wait blocks before the thread checks whether the agent is stopping.
-const WAIT_MS: u32 = 1000;
+/// How long one wait blocks before the thread checks whether the agent is stopping. An
+/// event ends the wait at once; the timeout only bounds how long the thread outlives the
+/// core, and nothing waits for it (the thread is never joined): each timeout is a wake-up
+/// for nothing, so they are far apart.
+const WAIT_MS: u32 = 10_000;
 /// After an error other than a timeout, wait this long before waiting again.
 const AFTER_ERROR: Duration = Duration::from_secs(5);
 
