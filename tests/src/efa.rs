@@ -18,6 +18,8 @@ const COUNTERS: &[&str] = &[
     "impaired_remote_conn_events",
     "retrans_timeout_events",
     "retrans_pkts",
+    "tx_bytes",
+    "rx_bytes",
 ];
 
 impl Host {

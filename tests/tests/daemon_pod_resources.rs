@@ -667,3 +667,72 @@ fn pods_on_one_mig_gpu_are_judged_by_their_own_instances() {
     assert_eq!(seconds("stuck-mig", "productive"), None, "{body}");
     assert!(agent.stop().success());
 }
+
+/// A pod that asked for EFA devices, keeps its GPUs busy and moves no bytes on those devices
+/// for the window gets one Event ("may not be using EFA": NCCL's silent fall-back to TCP);
+/// a pod whose EFA device carries traffic is told nothing.
+#[test]
+fn a_busy_pod_whose_efa_devices_move_no_bytes_is_told_once() {
+    let host = Host::new();
+    let quiet_dev = host.add_efa(0, None);
+    let talking_dev = host.add_efa(1, None);
+    let api = KubeApi::start(&[NODE]);
+    let kubelet = Kubelet::start(&host.kubelet_socket());
+    for (pod, gpu, dev) in [("quiet-0", 3, &quiet_dev), ("talking-0", 4, &talking_dev)] {
+        api.add_pod("ml", pod, &format!("uid-{pod}"), NODE);
+        kubelet.assign("ml", pod, "rank", "nvidia.com/gpu", &[&host.gpu_uuid(gpu)]);
+        kubelet.assign("ml", pod, "rank", "vpc.amazonaws.com/efa", &[dev]);
+    }
+    let working = "utilization = { gpu = 98, memory = 60 }\ngpm = { sm = 95.0, occupancy = 50.0, tensor = 55.0, dram_bw = 40.0 }";
+    let scenario = NvmlScenario::healthy().gpu(3, working).gpu(4, working);
+    let agent = host.start_with_nvml(
+        &scenario,
+        &format!(
+            "{}[metrics]\nfunnel_interval = \"1s\"\nheld_idle_after = \"3s\"\n\
+             [efa]\npoll_interval = \"1s\"\nwindow = \"10s\"\n",
+            config(&host, &api)
+        ),
+    );
+    // The talking pod's device sends and receives all along.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = {
+        let stop = std::sync::Arc::clone(&stop);
+        let dir = host
+            .sysfs()
+            .join("class/infiniband")
+            .join(&talking_dev)
+            .join("ports/1/hw_counters");
+        std::thread::spawn(move || {
+            let mut bytes = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                bytes += 1 << 20;
+                for counter in ["tx_bytes", "rx_bytes"] {
+                    std::fs::write(dir.join(counter), format!("{bytes}\n")).expect("counter");
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        })
+    };
+    wait(Duration::from_secs(20), "the EFA Event on quiet-0", || {
+        !events_on(&api, "quiet-0").is_empty()
+    });
+    let event = events_on(&api, "quiet-0").remove(0);
+    assert_eq!(event["reason"], "CollectivesMayNotUseEFA", "{event}");
+    let message = event["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("GPU 3")
+            && message.contains(&quiet_dev)
+            && message.contains("moved no bytes"),
+        "{message}"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(events_on(&api, "quiet-0").len(), 1, "one Event per episode");
+    assert!(
+        events_on(&api, "talking-0").is_empty(),
+        "traffic on its EFA device: {:?}",
+        events_on(&api, "talking-0")
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = traffic.join();
+    assert!(agent.stop().success());
+}

@@ -21,13 +21,18 @@ pub struct EfaDevice {
     pub link_up: Option<bool>,
     /// The GPUs this device serves: behind the same PCIe switch, else on the same NUMA node.
     pub gpus: Vec<PciAddress>,
-    /// Each error counter's rate over the source's window, per minute.
+    /// Each counter's rate over the source's window, per minute (the error counters, and the
+    /// bytes sent and received: [`EFA_TRAFFIC_COUNTERS`]).
     pub rates: BTreeMap<String, f64>,
     /// Pod containers holding it (the kubelet's pod-resources `List`); filled in when
     /// `status` asks, empty in the core's snapshots.
     #[serde(default)]
     pub holders: Vec<super::GpuHolder>,
 }
+
+/// The port counters of the bytes an EFA device sent and received: never judged as faults;
+/// the funnel reads their rates (a pod busy on its GPUs whose EFA devices move nothing).
+pub const EFA_TRAFFIC_COUNTERS: [&str; 2] = ["tx_bytes", "rx_bytes"];
 
 /// What a polling source enumerated along with its faults.
 #[derive(Debug, Clone, PartialEq)]

@@ -15,7 +15,7 @@ pub mod signal;
 mod snapshot;
 pub mod time;
 
-pub use efa::{EfaDevice, ImexState, Inventory};
+pub use efa::{EfaDevice, ImexState, Inventory, EFA_TRAFFIC_COUNTERS};
 pub use fault::{
     Action, Classification, Component, Fault, FaultCode, FaultReport, Severity, SourceKind,
 };

@@ -17,6 +17,10 @@
 //! (`GPUHeldIdle`, type Normal), `gpu_agent_pod_held_idle{namespace,pod}` and a line in
 //! `status`. It is information for the job's owners: never a signal, a condition or a fence.
 //! The episode ends when one of its GPUs is busy again, or the pod holds none.
+//!
+//! **Collectives that may not be using EFA** (`super::efa_traffic`): a pod busy on every
+//! GPU it holds while the EFA devices it asked for move no bytes, for the same window, gets
+//! one Pod Event per episode (`CollectivesMayNotUseEFA`, type Normal).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -149,6 +153,26 @@ pub struct Stage {
     pub busy_known: bool,
     /// Busy with tensor work (a pod's use is); `None`: unknown (no GPM).
     pub productive: Option<bool>,
+}
+
+impl Stage {
+    /// GPU `gpu` held by pod `ml/<pod>` alone, busy or not, productive unknown (tests).
+    #[cfg(test)]
+    pub fn held_by(gpu: u32, pod: &str, busy: bool) -> Self {
+        Self {
+            gpu,
+            pods: vec![Use {
+                namespace: "ml".to_string(),
+                pod: pod.to_string(),
+                busy,
+                busy_known: true,
+                productive: None,
+            }],
+            busy,
+            busy_known: true,
+            productive: None,
+        }
+    }
 }
 
 /// What one part of a GPU a pod uses did: its busy figure (utilisation, or a MIG
@@ -300,11 +324,43 @@ impl FunnelMetrics {
     }
 }
 
+/// Pods in some state tick after tick: since when each has been in it, and which episodes
+/// were told.
+#[derive(Debug, Default)]
+pub struct Episodes {
+    since: BTreeMap<(String, String), (Instant, SystemTime)>,
+    reported: BTreeSet<(String, String)>,
+}
+
+impl Episodes {
+    /// Follow the pods in the state at `now` (`wall` on the clock): each one in it for
+    /// `after` or longer, with when its episode began and whether it has just become due
+    /// (once per episode). A pod out of the state ends its episode.
+    pub fn follow(
+        &mut self,
+        pods: &BTreeSet<(String, String)>,
+        after: Duration,
+        now: Instant,
+        wall: SystemTime,
+    ) -> Vec<((String, String), SystemTime, bool)> {
+        self.since.retain(|pod, _| pods.contains(pod));
+        self.reported.retain(|pod| pods.contains(pod));
+        let mut out = Vec::new();
+        for pod in pods {
+            let (at, since) = *self.since.entry(pod.clone()).or_insert((now, wall));
+            if now.duration_since(at) >= after {
+                let begun = self.reported.insert(pod.clone());
+                out.push((pod.clone(), since, begun));
+            }
+        }
+        out
+    }
+}
+
 /// The pods that hold GPUs and keep none busy, and since when, tick after tick.
 #[derive(Debug, Default)]
 pub struct Idle {
-    since: BTreeMap<(String, String), (Instant, SystemTime)>,
-    reported: BTreeSet<(String, String)>,
+    episodes: Episodes,
 }
 
 impl Idle {
@@ -329,28 +385,22 @@ impl Idle {
                 entry.2 |= u.busy;
             }
         }
-        let idle: BTreeMap<(String, String), (Vec<u32>, bool)> = pods
-            .into_iter()
-            .filter(|(_, (_, working, _))| !working)
-            .map(|(pod, (gpus, _, busy))| (pod, (gpus, busy)))
-            .collect();
-        self.since.retain(|pod, _| idle.contains_key(pod));
-        self.reported.retain(|pod| idle.contains_key(pod));
+        pods.retain(|_, (_, working, _)| !*working);
+        let idle: BTreeSet<(String, String)> = pods.keys().cloned().collect();
         let mut now_idle = Vec::new();
         let mut begun = Vec::new();
-        for (pod, (gpus, busy)) in idle {
-            let (at, since) = *self.since.entry(pod.clone()).or_insert((now, wall));
-            if now.duration_since(at) < after {
+        for (pod, since, new) in self.episodes.follow(&idle, after, now, wall) {
+            let Some((gpus, _, busy)) = pods.get(&pod) else {
                 continue;
-            }
-            let held = HeldIdle {
-                namespace: pod.0.clone(),
-                pod: pod.1.clone(),
-                gpus,
-                since,
-                busy_without_tensor_work: busy,
             };
-            if self.reported.insert(pod) {
+            let held = HeldIdle {
+                namespace: pod.0,
+                pod: pod.1,
+                gpus: gpus.clone(),
+                since,
+                busy_without_tensor_work: *busy,
+            };
+            if new {
                 begun.push(held.clone());
             }
             now_idle.push(held);
@@ -394,6 +444,7 @@ pub async fn run(
 ) {
     let mut last = Instant::now();
     let mut idle = Idle::default();
+    let mut quiet_fabric = Episodes::default();
     let mut reported: Vec<HeldIdle> = Vec::new();
     loop {
         tokio::select! {
@@ -432,6 +483,31 @@ pub async fn run(
             let _ = report.send(Observation::HeldIdle(held.clone())).await;
             reported = held;
         }
+        let quiet = super::efa_traffic::quiet(&stages, assignments.as_deref(), &snapshot.efa);
+        let pods: BTreeSet<(String, String)> = quiet
+            .iter()
+            .map(|q| (q.namespace.clone(), q.pod.clone()))
+            .collect();
+        let after = settings.held_idle_after;
+        for ((namespace, pod), since, begun) in
+            quiet_fabric.follow(&pods, after, now, SystemTime::now())
+        {
+            let Some(q) = quiet
+                .iter()
+                .find(|q| begun && q.namespace == namespace && q.pod == pod)
+            else {
+                continue;
+            };
+            tracing::info!(%namespace, %pod, gpus = ?q.gpus, devices = ?q.devices, "A pod busy on its GPUs has moved no bytes on its EFA devices for the window: its collectives may not be using EFA.");
+            let episode = Episode {
+                namespace: &namespace,
+                pod: &pod,
+                since,
+                kind: "efa-quiet",
+            };
+            let message = super::efa_traffic::message(q, after);
+            post_pod_event(&events, &episode, "CollectivesMayNotUseEFA", &message).await;
+        }
     }
 }
 
@@ -445,6 +521,46 @@ pub type Events = Option<std::convert::Infallible>;
 /// The Pod Event of a held-but-idle episode (once; a failure is logged, not retried: the
 /// metric and `status` still say it).
 async fn post_held_idle(events: &Events, pod: &HeldIdle, after: Duration, busy_percent: u32) {
+    let gpus: Vec<String> = pod.gpus.iter().map(|g| format!("GPU {g}")).collect();
+    let (reason, how) = if pod.busy_without_tensor_work {
+        (
+            "GPUHeldNotProductive",
+            "busy with no tensor work (waiting in a collective for a peer?)".to_string(),
+        )
+    } else {
+        (
+            "GPUHeldIdle",
+            format!("idle (utilisation under {busy_percent} %)"),
+        )
+    };
+    let message = format!(
+        "{} held by this pod and {how} for {}: paid for and doing no work",
+        gpus.join(", "),
+        humantime::format_duration(after)
+    );
+    let episode = Episode {
+        namespace: &pod.namespace,
+        pod: &pod.pod,
+        since: pod.since,
+        kind: "held-idle",
+    };
+    post_pod_event(events, &episode, reason, &message).await;
+}
+
+/// One pod's episode, as its Pod Event names it.
+pub struct Episode<'a> {
+    /// The pod's namespace.
+    pub namespace: &'a str,
+    /// The pod.
+    pub pod: &'a str,
+    /// When the episode began.
+    pub since: SystemTime,
+    /// What kind of episode (part of the Event's name: one Event per pod, kind and start).
+    pub kind: &'a str,
+}
+
+/// Post one Normal Pod Event for `episode` (once; a failure is logged, not retried).
+pub async fn post_pod_event(events: &Events, episode: &Episode<'_>, reason: &str, message: &str) {
     #[cfg(feature = "clients")]
     {
         use super::kubernetes::events::EventWrite;
@@ -457,56 +573,39 @@ async fn post_held_idle(events: &Events, pod: &HeldIdle, after: Duration, busy_p
             let pods = api.pods_on_node().await?;
             let Some(target) = pods
                 .iter()
-                .find(|p| p.namespace == pod.namespace && p.name == pod.pod)
+                .find(|p| p.namespace == episode.namespace && p.name == episode.pod)
             else {
                 return Ok(());
             };
-            let since = pod
+            let since = episode
                 .since
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .unwrap_or_default()
                 .as_secs();
-            let name = target.event_name(&format!("held-idle|{}|{since}", target.uid));
-            let gpus: Vec<String> = pod.gpus.iter().map(|g| format!("GPU {g}")).collect();
-            let (reason, how) = if pod.busy_without_tensor_work {
-                (
-                    "GPUHeldNotProductive",
-                    "busy with no tensor work (waiting in a collective for a peer?)".to_string(),
-                )
-            } else {
-                (
-                    "GPUHeldIdle",
-                    format!("idle (utilisation under {busy_percent} %)"),
-                )
-            };
-            let message = format!(
-                "{} held by this pod and {how} for {}: paid for and doing no work",
-                gpus.join(", "),
-                humantime::format_duration(after)
-            );
+            let name = target.event_name(&format!("{}|{}|{since}", episode.kind, target.uid));
             let body = target.event(
                 &name,
                 &EventText {
                     reason,
                     type_: "Normal",
-                    message: &message,
+                    message,
                     count: 1,
-                    first: pod.since,
+                    first: episode.since,
                     last: SystemTime::now(),
                 },
                 api.node(),
             );
-            api.write_event(&pod.namespace, &EventWrite::create(body, 1))
+            api.write_event(episode.namespace, &EventWrite::create(body, 1))
                 .await
         };
         let result: Result<(), super::kubernetes::ApiError> = posted.await;
         if let Err(e) = result {
-            tracing::warn!(namespace = %pod.namespace, pod = %pod.pod, error = %e, "Cannot post the held-but-idle Event.");
+            tracing::warn!(namespace = %episode.namespace, pod = %episode.pod, reason, error = %e, "Cannot post the Pod Event.");
         }
     }
     #[cfg(not(feature = "clients"))]
     {
-        let _ = (events, pod, after, busy_percent);
+        let _ = (events, episode, reason, message);
     }
 }
 
@@ -639,19 +738,7 @@ mod tests {
 
     #[test]
     fn a_pod_idle_for_the_window_is_one_episode_until_a_gpu_is_busy_again() {
-        let stage = |gpu: u32, pod: &str, busy: bool| Stage {
-            gpu,
-            pods: vec![Use {
-                namespace: "ml".to_string(),
-                pod: pod.to_string(),
-                busy,
-                busy_known: true,
-                productive: None,
-            }],
-            busy,
-            busy_known: true,
-            productive: None,
-        };
+        let stage = Stage::held_by;
         let after = Duration::from_secs(60);
         let start = Instant::now();
         let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);

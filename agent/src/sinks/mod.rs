@@ -6,6 +6,7 @@
 pub mod checkpoint;
 #[cfg(feature = "clients")]
 pub mod device_taints;
+pub mod efa_traffic;
 pub mod funnel;
 #[cfg(feature = "clients")]
 pub mod kubernetes;

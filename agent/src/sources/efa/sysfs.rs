@@ -44,11 +44,13 @@ pub struct Found {
     pub counters: BTreeMap<String, u64>,
 }
 
-/// The port counters read (`ports/*/hw_counters/<name>`): the ones judged.
+/// The port counters read (`ports/*/hw_counters/<name>`): the ones judged, and the bytes
+/// moved (for the funnel).
 fn port_counters() -> impl Iterator<Item = &'static str> {
     super::checks::ERROR_COUNTERS
         .iter()
         .chain(super::checks::REMOTE_COUNTERS)
+        .chain(&crate::model::EFA_TRAFFIC_COUNTERS)
         .copied()
         .chain([super::checks::RETRANS])
 }
