@@ -1,5 +1,6 @@
 //! EFA poll cost: one full poll of 32 devices (a p5's: each with its PCI function, NUMA node,
-//! seven port counters and two admin counters, turned into rates and judged) against a fake
+//! nine port counters, seven judged and the two byte counters, and two admin counters,
+//! turned into rates and judged) against a fake
 //! sysfs of the real layout on tmpfs-like storage; real sysfs attribute reads cost about the
 //! same (a kernel `show` callback per file).
 //!
@@ -48,7 +49,7 @@ fn main() {
     }
     let per_poll = started.elapsed() / rounds;
     println!(
-        "EFA poll, 32 devices x 9 counters, fake sysfs: {:.1} µs per poll ({:.4} % of one core at the 5 s interval)",
+        "EFA poll, 32 devices x 11 counters, fake sysfs: {:.1} µs per poll ({:.4} % of one core at the 5 s interval)",
         per_poll.as_secs_f64() * 1e6,
         per_poll.as_secs_f64() / 5.0 * 100.0
     );
