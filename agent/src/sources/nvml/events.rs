@@ -15,11 +15,8 @@ use tokio::sync::mpsc;
 use crate::catalog::{self, DriverBranch};
 use crate::model::{Component, FaultCode, FaultReport, Observation, PciAddress, SourceKind};
 
-/// How long one wait blocks before the thread checks whether the agent is stopping. An
-/// event ends the wait at once; the timeout only bounds how long the thread outlives the
-/// core, and nothing waits for it (the thread is never joined): each timeout is a wake-up
-/// for nothing, so they are far apart.
-const WAIT_MS: u32 = 10_000;
+/// The shortest wait (a poll interval of milliseconds waits this long).
+const MIN_WAIT: Duration = Duration::from_millis(100);
 /// After an error other than a timeout, wait this long before waiting again.
 const AFTER_ERROR: Duration = Duration::from_secs(5);
 
@@ -37,17 +34,24 @@ pub fn report(pci: PciAddress, code: u32, branch: DriverBranch, at: SystemTime) 
 
 /// Start the events thread: register every GPU for critical Xid events and forward each one
 /// as a fault until the core is gone. A driver or GPU that cannot register is logged once.
+///
+/// An event ends a wait at once; a wait's timeout only bounds how long the thread outlives
+/// the core (nothing joins it), so each timeout is a wake-up for nothing: one per `every`,
+/// the source's poll interval. That keeps them as far apart as the polls, and the timeout's
+/// path runs as often as the poll's, within the fault-path watch (`host::resident`).
 pub fn spawn(
     nvml: Arc<Nvml>,
     branch: DriverBranch,
+    every: Duration,
     tx: mpsc::Sender<Observation>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let wait_ms = u32::try_from(every.max(MIN_WAIT).as_millis()).unwrap_or(u32::MAX);
     std::thread::Builder::new()
         .name("nvml-events".into())
-        .spawn(move || follow(&nvml, branch, &tx))
+        .spawn(move || follow(&nvml, branch, wait_ms, &tx))
 }
 
-fn follow(nvml: &Nvml, branch: DriverBranch, tx: &mpsc::Sender<Observation>) {
+fn follow(nvml: &Nvml, branch: DriverBranch, wait_ms: u32, tx: &mpsc::Sender<Observation>) {
     let set = match register(nvml) {
         Ok(set) => set,
         Err(reason) => {
@@ -60,7 +64,7 @@ fn follow(nvml: &Nvml, branch: DriverBranch, tx: &mpsc::Sender<Observation>) {
         if tx.is_closed() {
             return;
         }
-        match set.wait(WAIT_MS) {
+        match set.wait(wait_ms) {
             Ok(event) => {
                 let Some(XidError::Value(code)) = event.event_data else {
                     continue;

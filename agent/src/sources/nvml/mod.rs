@@ -325,7 +325,12 @@ fn run(settings: Settings, tx: &mpsc::Sender<Observation>) {
     }
     let nvml = std::sync::Arc::new(nvml);
     let branch = host::driver_branch(&settings.sysfs_root);
-    if let Err(e) = events::spawn(std::sync::Arc::clone(&nvml), branch, tx.clone()) {
+    if let Err(e) = events::spawn(
+        std::sync::Arc::clone(&nvml),
+        branch,
+        settings.poll_interval,
+        tx.clone(),
+    ) {
         tracing::warn!(error = %e, "Cannot start the NVML events thread.");
     }
     let watch = std::sync::Arc::new(watchdog::Watch::default());
