@@ -489,12 +489,11 @@ pub async fn run(
             .map(|q| (q.namespace.clone(), q.pod.clone()))
             .collect();
         let after = settings.held_idle_after;
-        for ((namespace, pod), since, begun) in
-            quiet_fabric.follow(&pods, after, now, SystemTime::now())
-        {
+        let due = quiet_fabric.follow(&pods, after, now, SystemTime::now());
+        for ((namespace, pod), since, _) in due.into_iter().filter(|(_, _, begun)| *begun) {
             let Some(q) = quiet
                 .iter()
-                .find(|q| begun && q.namespace == namespace && q.pod == pod)
+                .find(|q| q.namespace == namespace && q.pod == pod)
             else {
                 continue;
             };
