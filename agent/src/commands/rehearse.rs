@@ -4,12 +4,13 @@
 //! locked. The kernel log's reader and classifier on a made-up Xid, NVML's event report,
 //! an EFA poll's checks on a made-up device (link down, errors past the fatal rate), a
 //! Spot notice's parser and the checkpoint sink's act on it (no process to signal); the
-//! core's verdict on them in a model of its own; the status
-//! table and JSON; the Node conditions' PATCH and Events, a DeviceTaintRule and its patch;
-//! the checkpoint scan and the pidfd send path up to its start-time check; one `status`
-//! asked of this daemon's own socket; two GETs of this Node at once through the shared
-//! Kubernetes connection (one opens a connection of its own) and the list of its pods
-//! (reads). Log lines are formatted and written nowhere (`logging::discarding`).
+//! core's verdict on them in a model of its own; the status table and JSON; the Node
+//! conditions' PATCH and Events, the maintenance deadline's annotation and its log line, a
+//! DeviceTaintRule and its patch; the checkpoint scan and the pidfd send path up to its
+//! start-time check; one `status` asked of this daemon's own socket; two GETs of this Node
+//! at once through the shared Kubernetes connection (one opens a connection of its own) and
+//! the list of its pods (reads). Log lines are formatted and written nowhere
+//! (`logging::discarding`).
 
 use std::sync::Arc;
 use std::time::SystemTime;

@@ -334,8 +334,7 @@ impl NodeApi {
     /// Set annotation `key` on the node to `value`, or remove it (`None`): a JSON merge
     /// patch of `metadata.annotations` only.
     pub async fn annotate(&self, key: &str, value: Option<&str>) -> Result<(), ApiError> {
-        self.merge_patch(&serde_json::json!({ "metadata": { "annotations": { key: value } } }))
-            .await
+        self.merge_patch(&annotation_patch(key, value)).await
     }
 
     /// Cordon the node (`spec.unschedulable = true`).
@@ -361,6 +360,11 @@ impl NodeApi {
         .await
         .map(|_| ())
     }
+}
+
+/// The merge patch that sets annotation `key` to `value` (`None`: removes it).
+pub fn annotation_patch(key: &str, value: Option<&str>) -> serde_json::Value {
+    serde_json::json!({ "metadata": { "annotations": { key: value } } })
 }
 
 /// A pod on this node, as the API server has it.

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-pub use client::{ApiError, NodeApi, NodePod};
+pub use client::{annotation_patch, ApiError, NodeApi, NodePod};
 pub use dra::DraApi;
 pub use events::EventText;
 

@@ -26,7 +26,7 @@ pub use conditions::{desired, next_change, ConditionTypes, Desired};
 pub use metrics::SinkMetrics;
 
 use super::kubernetes::events::EventWrite;
-use super::kubernetes::{ApiError, Link, NodeApi};
+use super::kubernetes::{annotation_patch, ApiError, Link, NodeApi};
 use crate::model::{HealthSnapshot, Observation, SinkStatus, SourceState};
 use crate::shutdown::Shutdown;
 
@@ -67,7 +67,21 @@ pub fn rehearse(snapshot: &HealthSnapshot, types: &ConditionTypes) -> usize {
         &snapshot.faults,
         Instant::now(),
     );
-    patch.len() + events.len()
+    let deadline = lifecycle::deadline(snapshot, types.lifecycle_rebalance);
+    let annotation =
+        annotation_patch(lifecycle::DEADLINE_ANNOTATION, deadline.as_deref()).to_string();
+    annotated(deadline.as_deref());
+    patch.len() + events.len() + annotation.len()
+}
+
+/// The maintenance deadline annotation written (`None`: removed): one log line, as text
+/// (a Spot notice's path; the rehearsal runs it too).
+fn annotated(deadline: Option<&str>) {
+    tracing::info!(
+        annotation = lifecycle::DEADLINE_ANNOTATION,
+        deadline = deadline.unwrap_or("none"),
+        "Node maintenance deadline annotated."
+    );
 }
 
 /// The longest the first write waits for the device-taints sink's first report.
@@ -226,7 +240,7 @@ impl Writer {
                     .await
                 {
                     Ok(()) => {
-                        tracing::info!(annotation = lifecycle::DEADLINE_ANNOTATION, deadline = ?deadline, "Node maintenance deadline annotated.");
+                        annotated(deadline.as_deref());
                         self.annotated = Some(deadline);
                         self.annotate_failing = false;
                     }
