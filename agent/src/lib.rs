@@ -28,3 +28,4 @@ pub mod model;
 pub mod shutdown;
 pub mod sinks;
 pub mod sources;
+pub mod tick;

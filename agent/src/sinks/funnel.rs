@@ -446,9 +446,12 @@ pub async fn run(
     let mut idle = Idle::default();
     let mut quiet_fabric = Episodes::default();
     let mut reported: Vec<HeldIdle> = Vec::new();
+    let mut tick = crate::tick::Ticker::new(settings.interval);
+    // The first tick is at once; the first look is one interval after start.
+    tick.tick().await;
     loop {
         tokio::select! {
-            () = tokio::time::sleep(settings.interval) => {}
+            () = tick.tick() => {}
             () = shutdown.wait() => return,
         }
         let snapshot = Arc::clone(&snapshots.borrow());

@@ -58,7 +58,7 @@ pub async fn run(
 ) {
     let watchdog = watchdog_interval();
     let period = watchdog.map_or(Duration::from_secs(3600), |w| w / 2);
-    let mut tick = tokio::time::interval(period);
+    let mut tick = crate::tick::Ticker::new(period);
     let mut last = snapshots.borrow().summary.clone();
     loop {
         tokio::select! {
@@ -72,7 +72,7 @@ pub async fn run(
                     last = summary;
                 }
             }
-            _ = tick.tick(), if watchdog.is_some() => {
+            () = tick.tick(), if watchdog.is_some() => {
                 // Only a core whose loop is turning keeps the watchdog fed.
                 if core.ping(period).await {
                     send(Message::Watchdog).await;

@@ -285,9 +285,13 @@ pub fn rehearse(
 
 /// Poll until shutdown; each poll's sysfs reads run on the blocking pool.
 pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown: Shutdown) {
-    let interval = settings.poll_interval;
+    let mut tick = crate::tick::Ticker::new(settings.poll_interval);
     let mut poller = Poller::new(settings);
     loop {
+        tokio::select! {
+            () = tick.tick() => {}
+            () = shutdown.wait() => return,
+        }
         let polled = tokio::task::spawn_blocking(move || {
             let observations = poller.poll(Instant::now());
             (poller, observations)
@@ -308,10 +312,6 @@ pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown
             if tx.send(observation).await.is_err() {
                 return;
             }
-        }
-        tokio::select! {
-            () = tokio::time::sleep(interval) => {}
-            () = shutdown.wait() => return,
         }
     }
 }

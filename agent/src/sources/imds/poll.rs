@@ -13,6 +13,7 @@ use super::session::Session;
 use super::{ec2, notices};
 use crate::model::{Notice, Observation, SourceKind, SourceState};
 use crate::shutdown::Shutdown;
+use crate::tick::Ticker;
 
 /// How often a non-EC2 host is looked at again.
 const RECHECK: Duration = Duration::from_secs(600);
@@ -165,13 +166,6 @@ impl std::fmt::Display for LifeCycle {
     }
 }
 
-/// A tick every `period`; a late one is not made up for.
-fn ticker(period: Duration) -> tokio::time::Interval {
-    let mut tick = tokio::time::interval(period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick
-}
-
 /// Run until shutdown.
 pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown: Shutdown) {
     let state = |s| Observation::Source(SourceKind::Imds, s);
@@ -209,7 +203,7 @@ pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown
     let mut life_cycle = LifeCycle::read(&mut session).await;
     let mut period = life_cycle.period(&settings);
     tracing::info!(endpoint = explicit.as_deref().unwrap_or("instance default"), life_cycle = %life_cycle, interval = ?period, "Polling IMDS.");
-    let mut tick = ticker(period);
+    let mut tick = Ticker::new(period);
     let mut last_error: Option<String> = None;
     let mut last: Option<Vec<Notice>> = None;
     // Each path's notices as last read; a path that fails keeps what it had (an unreachable
@@ -222,7 +216,7 @@ pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown
     let mut path_errors: [Option<String>; 3] = Default::default();
     loop {
         tokio::select! {
-            _ = tick.tick() => {}
+            () = tick.tick() => {}
             () = shutdown.wait() => return,
         }
         if life_cycle == LifeCycle::Unknown {
@@ -230,7 +224,7 @@ pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown
             if life_cycle.period(&settings) != period {
                 period = life_cycle.period(&settings);
                 tracing::info!(life_cycle = %life_cycle, interval = ?period, "IMDS: the purchase option is known; polling the Spot notice at its pace.");
-                tick = ticker(period);
+                tick = Ticker::new(period);
             }
         }
         let now = tokio::time::Instant::now();

@@ -180,11 +180,10 @@ pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown
     tracing::info!(unit = %settings.unit, "Watching the host's IMEX daemon.");
     let mut failing = false;
     let mut unit = None;
-    let mut tick = tokio::time::interval(settings.poll_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tick = crate::tick::Ticker::new(settings.poll_interval);
     loop {
         tokio::select! {
-            _ = tick.tick() => {}
+            () = tick.tick() => {}
             () = shutdown.wait() => return,
         }
         let active_state = match active_state(&connection, &manager, &settings.unit, &mut unit)
