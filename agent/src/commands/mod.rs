@@ -163,13 +163,19 @@ impl HostFacts {
             window: e.window.0,
             startup_grace: e.startup_grace.0,
             expected_devices: e.expected_devices,
-            thresholds: crate::sources::efa::Thresholds {
-                errors_warning: e.errors_warning_per_minute,
-                errors_fatal: e.errors_fatal_per_minute,
-                retrans_warning: e.retrans_warning_per_minute,
-            },
+            thresholds: Self::efa_thresholds(config),
             baseline: None,
             launch: None,
+        }
+    }
+
+    /// The EFA counters' limits, per minute.
+    pub fn efa_thresholds(config: &Config) -> crate::sources::efa::Thresholds {
+        let e = &config.efa;
+        crate::sources::efa::Thresholds {
+            errors_warning: e.errors_warning_per_minute,
+            errors_fatal: e.errors_fatal_per_minute,
+            retrans_warning: e.retrans_warning_per_minute,
         }
     }
 

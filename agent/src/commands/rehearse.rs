@@ -142,7 +142,7 @@ fn efa(model: &mut crate::core::HealthModel, config: &Config, gpu: Option<PciAdd
     let Ok(pci) = "0000:fe:00.0".parse::<PciAddress>() else {
         return;
     };
-    let thresholds = HostFacts::efa_settings(config).thresholds;
+    let thresholds = HostFacts::efa_thresholds(config);
     let gpus: Vec<PciAddress> = gpu.into_iter().collect();
     model.apply(efa::rehearse(pci, gpus.clone(), &thresholds));
     model.set_condition_rules(crate::core::condition::Rules::default());

@@ -532,7 +532,9 @@ async fn post_held_idle(events: &Events, pod: &HeldIdle, after: Duration, busy_p
     } else {
         (
             "GPUHeldIdle",
-            format!("idle (utilisation under {busy_percent} %)"),
+            format!(
+                "idle (utilisation, or on MIG its instances' SM activity, under {busy_percent} %)"
+            ),
         )
     };
     let message = format!(

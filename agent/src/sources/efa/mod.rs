@@ -245,16 +245,22 @@ pub fn rehearse(
     thresholds: &Thresholds,
 ) -> Observation {
     let name = "rdmap0s0".to_string();
+    // Each counter one past its limit: the local errors the fatal one, the remote errors the
+    // warning one, retransmissions theirs, and any admin command without a completion.
+    let past = |limit: f64| limit + 1.0;
     let rates: BTreeMap<String, f64> = checks::ERROR_COUNTERS
         .iter()
-        .chain(checks::REMOTE_COUNTERS)
-        .chain([&checks::RETRANS, &checks::NO_COMPLETION])
-        .map(|c| {
-            (
-                (*c).to_string(),
-                thresholds.errors_fatal + thresholds.retrans_warning + 1.0,
-            )
-        })
+        .map(|c| (*c, past(thresholds.errors_fatal)))
+        .chain(
+            checks::REMOTE_COUNTERS
+                .iter()
+                .map(|c| (*c, past(thresholds.errors_warning))),
+        )
+        .chain([
+            (checks::RETRANS, past(thresholds.retrans_warning)),
+            (checks::NO_COMPLETION, past(0.0)),
+        ])
+        .map(|(c, rate)| (c.to_string(), rate))
         .collect();
     let component = Component::Efa { pci };
     let seen = checks::Seen {
