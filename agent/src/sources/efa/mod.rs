@@ -181,12 +181,14 @@ impl Poller {
         let mut seen = Vec::with_capacity(found.len());
         let mut devices = Vec::with_capacity(found.len());
         for d in &found {
+            // A counter with no rate yet (its first reading) is left out: unknown, which
+            // the checks take as no rise and the traffic judgement as not quiet.
             let rates: BTreeMap<String, f64> = d
                 .counters
                 .iter()
-                .map(|(counter, value)| {
-                    let rate = self.rates.observe(&d.name, counter, *value, now);
-                    (counter.clone(), rate)
+                .filter_map(|(counter, value)| {
+                    let rate = self.rates.observe(&d.name, counter, *value, now)?;
+                    Some((counter.clone(), rate))
                 })
                 .collect();
             let component = d.pci.map_or(Component::Node, |pci| Component::Efa { pci });
@@ -415,6 +417,30 @@ mod tests {
         let later = faults(&p.poll(start + Duration::from_secs(40)));
         assert_eq!(later, [FaultCode::EfaErrors]);
         assert!(faults(&p.poll(start + Duration::from_secs(90))).is_empty());
+    }
+
+    #[test]
+    fn a_counter_has_no_rate_until_its_second_reading() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let mut p = Poller::new(settings(root.path()));
+        sysfs::fake::device(root.path(), "rdmap0s0", "0000:10:00.0", 0).expect("device");
+        let rates = |observations: &[Observation]| -> Vec<String> {
+            observations
+                .iter()
+                .find_map(|o| match o {
+                    Observation::Poll {
+                        inventory: Inventory::Efa(devices),
+                        ..
+                    } => Some(devices[0].rates.keys().cloned().collect()),
+                    _ => None,
+                })
+                .expect("a poll")
+        };
+        let start = Instant::now();
+        // Unknown, not zero: no pod looks as if its devices moved no bytes.
+        assert_eq!(rates(&p.poll(start)), Vec::<String>::new());
+        let second = rates(&p.poll(start + Duration::from_secs(1)));
+        assert!(second.iter().any(|c| c == "tx_bytes"), "{second:?}");
     }
 
     #[test]

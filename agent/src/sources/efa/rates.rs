@@ -24,8 +24,10 @@ impl Rates {
     /// Record `value` of `device`'s `counter` at `at`; returns the rise over the window,
     /// per minute of the window (the rise within the window is counted whole however
     /// young the history: a burst at start-up is not stretched into a small rate, nor a
-    /// short history into a large one).
-    pub fn observe(&mut self, device: &str, counter: &str, value: u64, at: Instant) -> f64 {
+    /// short history into a large one). `None` while there is no earlier sample to rise
+    /// from (the first reading, the first after a reset or a gap longer than the window):
+    /// unknown, not zero.
+    pub fn observe(&mut self, device: &str, counter: &str, value: u64, at: Instant) -> Option<f64> {
         let samples = self
             .samples
             .entry((device.to_string(), counter.to_string()))
@@ -41,13 +43,16 @@ impl Rates {
         {
             samples.pop_front();
         }
+        if samples.len() < 2 {
+            return None;
+        }
         let oldest = samples.front().map_or(value, |(_, v)| *v);
         let minutes = self.window.as_secs_f64() / 60.0;
-        if minutes > 0.0 {
+        Some(if minutes > 0.0 {
             value.saturating_sub(oldest) as f64 / minutes
         } else {
             0.0
-        }
+        })
     }
 
     /// Forget devices no longer present.
@@ -66,15 +71,16 @@ mod tests {
         let start = Instant::now();
         let at = |s: u64| start + Duration::from_secs(s);
         let mut r = Rates::new(Duration::from_secs(60));
-        assert_eq!(r.observe("d", "rx_drops", 1_000, at(0)), 0.0, "no history");
-        assert_eq!(r.observe("d", "rx_drops", 1_030, at(5)), 30.0);
-        assert_eq!(r.observe("d", "rx_drops", 1_060, at(30)), 60.0);
-        // Past the window, the oldest samples go.
-        assert_eq!(r.observe("d", "rx_drops", 1_060, at(100)), 0.0);
-        // The driver reloaded: the counter starts from 0.
-        assert_eq!(r.observe("d", "rx_drops", 3, at(105)), 0.0);
-        assert_eq!(r.observe("d", "rx_drops", 13, at(110)), 10.0);
+        assert_eq!(r.observe("d", "rx_drops", 1_000, at(0)), None, "no history");
+        assert_eq!(r.observe("d", "rx_drops", 1_030, at(5)), Some(30.0));
+        assert_eq!(r.observe("d", "rx_drops", 1_060, at(30)), Some(60.0));
+        assert_eq!(r.observe("d", "rx_drops", 1_060, at(60)), Some(60.0));
+        // Past the window, the oldest samples go, the newest stays.
+        assert_eq!(r.observe("d", "rx_drops", 1_060, at(100)), Some(0.0));
+        // The driver reloaded: the counter starts from 0, with no history.
+        assert_eq!(r.observe("d", "rx_drops", 3, at(105)), None);
+        assert_eq!(r.observe("d", "rx_drops", 13, at(110)), Some(10.0));
         r.retain(&[]);
-        assert_eq!(r.observe("d", "rx_drops", 500, at(115)), 0.0, "forgotten");
+        assert_eq!(r.observe("d", "rx_drops", 500, at(115)), None, "forgotten");
     }
 }
