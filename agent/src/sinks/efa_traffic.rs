@@ -37,16 +37,22 @@ pub fn quiet(
     let Some(assignments) = assignments else {
         return Vec::new();
     };
+    let by_name: BTreeMap<&str, &EfaDevice> =
+        devices.iter().map(|d| (d.name.as_str(), d)).collect();
+    // One pass over the assignments: an ID that names no device found here (a device
+    // plugin's own IDs) holds them all, as `efa_holders` takes it.
     let mut held: BTreeMap<(String, String), BTreeSet<&str>> = BTreeMap::new();
-    for d in devices {
-        for h in assignments.efa_holders(Some(&d.name), devices) {
-            held.entry((h.namespace, h.pod))
-                .or_default()
-                .insert(&d.name);
+    for h in assignments.efa_holders(None, devices) {
+        let names = held.entry((h.namespace, h.pod)).or_default();
+        match by_name.get_key_value(h.device_id.as_str()) {
+            Some((name, _)) => {
+                names.insert(name);
+            }
+            None => names.extend(by_name.keys().copied()),
         }
     }
     let flat = |name: &str| {
-        devices.iter().find(|d| d.name == name).is_some_and(|d| {
+        by_name.get(name).is_some_and(|d| {
             TRAFFIC
                 .iter()
                 .all(|c| d.rates.get(*c).is_some_and(|r| *r == 0.0))
@@ -133,6 +139,9 @@ mod tests {
                 efa("talking", "rdmap2s0"),
                 efa("unknown", "rdmap3s0"),
                 efa("idle", "rdmap4s0"),
+                // A device plugin's own ID: taken as holding every device, one of which
+                // talks.
+                efa("plugin-ids", "efa-7"),
             ],
             ..Assignments::default()
         };
@@ -143,6 +152,7 @@ mod tests {
             Stage::held_by(3, "unknown", true),
             Stage::held_by(4, "idle", false),
             Stage::held_by(5, "no-efa", true),
+            Stage::held_by(6, "plugin-ids", true),
         ];
         let found = quiet(&stages, Some(&assignments), &devices);
         assert_eq!(
