@@ -185,14 +185,23 @@ fn judge(parts: &[Part], busy_percent: u32, productive_percent: u32) -> (bool, b
     let busy_part = |p: &Part| p.0.is_some_and(|u| u >= busy_percent) || tensor_work(p);
     let busy = parts.iter().any(busy_part);
     let busy_known = busy || parts.iter().all(|p| p.0.is_some());
-    let productive = if parts.iter().any(tensor_work) {
-        Some(true)
-    } else if !parts.is_empty() && parts.iter().all(|p| p.1.is_some()) {
-        Some(false)
-    } else {
-        None
-    };
+    let productive = any_of_known(parts.iter().map(|p| p.1.map(|t| t >= productive_percent)));
     (busy, busy_known, productive)
+}
+
+/// Whether any of `flags` is true: `Some(true)` if one is, `Some(false)` if every one is
+/// known false (and there is one), else unknown.
+fn any_of_known(flags: impl Iterator<Item = Option<bool>>) -> Option<bool> {
+    let mut seen = false;
+    let mut unknown = false;
+    for flag in flags {
+        match flag {
+            Some(true) => return Some(true),
+            Some(false) => seen = true,
+            None => unknown = true,
+        }
+    }
+    (seen && !unknown).then_some(false)
 }
 
 /// The parts of the GPU `telemetry` describes that a pod holding `ids` uses: the MIG
@@ -255,12 +264,8 @@ pub fn stages(
                 telemetry
                     .and_then(|t| t.tensor_active_percent)
                     .map(|_| false)
-            } else if pods.iter().any(|u| u.productive == Some(true)) {
-                Some(true)
-            } else if pods.iter().all(|u| u.productive == Some(false)) {
-                Some(false)
             } else {
-                None
+                any_of_known(pods.iter().map(|u| u.productive))
             };
             Stage {
                 gpu: g.index,
@@ -634,6 +639,15 @@ mod tests {
     use crate::model::{
         Assignment, GpuIdentity, GpuTelemetry, Inventory, KmsgStats, Observation, SourceKind,
     };
+
+    #[test]
+    fn one_true_is_enough_false_needs_every_one_known() {
+        let of = |flags: &[Option<bool>]| any_of_known(flags.iter().copied());
+        assert_eq!(of(&[None, Some(true)]), Some(true));
+        assert_eq!(of(&[Some(false), Some(false)]), Some(false));
+        assert_eq!(of(&[Some(false), None]), None);
+        assert_eq!(of(&[]), None);
+    }
 
     /// NVML's view of GPUs 0-3 with these utilisations.
     fn snapshot(utilization: [Option<u32>; 4]) -> HealthSnapshot {
