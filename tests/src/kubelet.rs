@@ -161,7 +161,8 @@ impl Kubelet {
         let _ = std::fs::remove_file(&self.socket);
     }
 
-    /// Assign `device_ids` of `resource` to a container of a pod (added if new).
+    /// Assign `device_ids` of `resource` to a container of a pod (each added if new), as the
+    /// kubelet lists them: one entry per container, and in it one per resource.
     pub fn assign(
         &self,
         namespace: &str,
@@ -191,15 +192,27 @@ impl Kubelet {
                 s.pods.len() - 1
             }
         };
-        s.pods[index].containers.push(proto::ContainerResources {
-            name: container.into(),
-            devices: vec![proto::ContainerDevices {
+        let containers = &mut s.pods[index].containers;
+        let c = match containers.iter().position(|c| c.name == container) {
+            Some(c) => c,
+            None => {
+                containers.push(proto::ContainerResources {
+                    name: container.into(),
+                    ..Default::default()
+                });
+                containers.len() - 1
+            }
+        };
+        let devices = &mut containers[c].devices;
+        let ids = device_ids.iter().map(|d| (*d).to_string());
+        match devices.iter_mut().find(|d| d.resource_name == resource) {
+            Some(d) => d.device_ids.extend(ids),
+            None => devices.push(proto::ContainerDevices {
                 resource_name: resource.into(),
-                device_ids: device_ids.iter().map(|d| (*d).to_string()).collect(),
+                device_ids: ids.collect(),
                 topology: None,
-            }],
-            ..Default::default()
-        });
+            }),
+        }
     }
 
     /// Give a container of a pod a GPU through DRA (driver `gpu.nvidia.com`).
