@@ -365,6 +365,53 @@ fn tells_systemd_ready_status_and_watchdog() {
     recv_until(&mut messages, &|m| m.contains("STOPPING=1"));
 }
 
+/// When the fault path's lock starts watching what the daemon maps, the systemd sink sends
+/// the status it last sent once more: a fault's `STATUS=` then runs on locked pages.
+#[test]
+fn the_lock_watch_sends_systemd_the_same_status_once_more() {
+    use std::os::unix::net::UnixDatagram;
+    let host = Host::new();
+    let notify_path = host.dir.path().join("notify.sock");
+    let notify = UnixDatagram::bind(&notify_path).expect("bind notify socket");
+    notify
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let notify_env = notify_path.to_string_lossy().into_owned();
+    let agent = Agent::start_with_env(
+        &host.config("page_out_after = \"300ms\"\nfault_path_watch = \"1s\"\n"),
+        &host.socket(),
+        &[("NOTIFY_SOCKET", &notify_env)],
+    );
+    let mut buf = [0u8; 4096];
+    // The status changes only when the summary does (the shared kernel log may hold other
+    // tests' faults, so it may change a few times at start): the same one twice in a row
+    // is the sink's part of the rehearsal.
+    let mut last = String::new();
+    let mut statuses = Vec::new();
+    loop {
+        let n = notify.recv(&mut buf).expect("a notify message within 10 s");
+        let message = String::from_utf8_lossy(&buf[..n]).into_owned();
+        // READY=1 carries the status too, read apart from the sink's.
+        let Some(status) = message
+            .lines()
+            .find(|l| l.starts_with("STATUS="))
+            .filter(|_| !message.contains("READY=1"))
+        else {
+            continue;
+        };
+        statuses.push(status.to_string());
+        if status == last {
+            break;
+        }
+        assert!(statuses.len() < 50, "no status sent twice: {statuses:?}");
+        last = status.to_string();
+    }
+    agent.wait_for(Duration::from_secs(10), |s| {
+        s["fault_path_lock"]["state"] != "watching"
+    });
+    assert!(agent.stop().success());
+}
+
 /// Anything that can write to `/dev/kmsg` (a privileged pod, a stray logger) could forge an
 /// Xid 79 and get the node replaced: with `[kmsg] accept_userspace = false` (the default) a
 /// userspace fault line is ignored and counted, and a `gpu-agent inject` drill still counts.

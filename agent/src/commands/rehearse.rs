@@ -10,7 +10,8 @@
 //! start-time check; one `status` asked of this daemon's own socket; two GETs of this Node
 //! at once through the shared Kubernetes connection (one opens a connection of its own) and
 //! the list of its pods (reads). Log lines are formatted and written nowhere
-//! (`logging::discarding`).
+//! (`logging::discarding`). The systemd sink rehearses its own part when the lock starts
+//! watching: it sends systemd the status line it last sent, once more.
 
 use std::sync::Arc;
 use std::time::SystemTime;

@@ -8,7 +8,7 @@ use sd_notify::NotifyState;
 use tokio::sync::watch;
 
 use crate::core::CoreHandle;
-use crate::model::HealthSnapshot;
+use crate::model::{FaultPathLock, HealthSnapshot};
 use crate::shutdown::Shutdown;
 
 fn notify(states: &[NotifyState]) {
@@ -60,14 +60,23 @@ pub async fn run(
     let period = watchdog.map_or(Duration::from_secs(3600), |w| w / 2);
     let mut tick = crate::tick::Ticker::new(period);
     let mut last = snapshots.borrow().summary.clone();
+    let mut watching = snapshots.borrow().fault_path_lock.clone();
     loop {
         tokio::select! {
             changed = snapshots.changed() => {
                 if changed.is_err() {
                     return;
                 }
-                let summary = snapshots.borrow_and_update().summary.clone();
-                if summary != last {
+                let (summary, lock) = {
+                    let snapshot = snapshots.borrow_and_update();
+                    (snapshot.summary.clone(), snapshot.fault_path_lock.clone())
+                };
+                // The fault path's lock starts watching what the daemon maps: the same
+                // status once more, so a fault's STATUS= runs on locked pages too.
+                let rehearse =
+                    lock == FaultPathLock::Watching && watching != FaultPathLock::Watching;
+                watching = lock;
+                if summary != last || rehearse {
                     send(Message::Status(summary.clone())).await;
                     last = summary;
                 }
