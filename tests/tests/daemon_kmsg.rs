@@ -306,16 +306,19 @@ fn standalone_counts_no_kubernetes_api_errors() {
     assert!(agent.stop().success());
 }
 
+/// A notify socket for the daemon in `host`'s directory, read with `timeout`, and its path
+/// for `NOTIFY_SOCKET`.
+fn notify_socket(host: &Host, timeout: Duration) -> (std::os::unix::net::UnixDatagram, String) {
+    let path = host.dir.path().join("notify.sock");
+    let socket = std::os::unix::net::UnixDatagram::bind(&path).expect("bind notify socket");
+    socket.set_read_timeout(Some(timeout)).expect("timeout");
+    (socket, path.to_string_lossy().into_owned())
+}
+
 #[test]
 fn tells_systemd_ready_status_and_watchdog() {
-    use std::os::unix::net::UnixDatagram;
     let host = Host::new();
-    let notify_path = host.dir.path().join("notify.sock");
-    let notify = UnixDatagram::bind(&notify_path).expect("bind notify socket");
-    notify
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    let notify_env = notify_path.to_string_lossy().into_owned();
+    let (notify, notify_env) = notify_socket(&host, Duration::from_secs(5));
     let agent = Agent::start_with_env(
         &host.config(""),
         &host.socket(),
@@ -369,14 +372,8 @@ fn tells_systemd_ready_status_and_watchdog() {
 /// the status it last sent once more: a fault's `STATUS=` then runs on locked pages.
 #[test]
 fn the_lock_watch_sends_systemd_the_same_status_once_more() {
-    use std::os::unix::net::UnixDatagram;
     let host = Host::new();
-    let notify_path = host.dir.path().join("notify.sock");
-    let notify = UnixDatagram::bind(&notify_path).expect("bind notify socket");
-    notify
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    let notify_env = notify_path.to_string_lossy().into_owned();
+    let (notify, notify_env) = notify_socket(&host, Duration::from_secs(10));
     let agent = Agent::start_with_env(
         &host.config("page_out_after = \"300ms\"\nfault_path_watch = \"1s\"\n"),
         &host.socket(),

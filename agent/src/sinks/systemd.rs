@@ -60,22 +60,21 @@ pub async fn run(
     let period = watchdog.map_or(Duration::from_secs(3600), |w| w / 2);
     let mut tick = crate::tick::Ticker::new(period);
     let mut last = snapshots.borrow().summary.clone();
-    let mut watching = snapshots.borrow().fault_path_lock.clone();
+    let mut watching = snapshots.borrow().fault_path_lock == FaultPathLock::Watching;
     loop {
         tokio::select! {
             changed = snapshots.changed() => {
                 if changed.is_err() {
                     return;
                 }
-                let (summary, lock) = {
+                let (summary, now_watching) = {
                     let snapshot = snapshots.borrow_and_update();
-                    (snapshot.summary.clone(), snapshot.fault_path_lock.clone())
+                    let watching = snapshot.fault_path_lock == FaultPathLock::Watching;
+                    (snapshot.summary.clone(), watching)
                 };
                 // The fault path's lock starts watching what the daemon maps: the same
                 // status once more, so a fault's STATUS= runs on locked pages too.
-                let rehearse =
-                    lock == FaultPathLock::Watching && watching != FaultPathLock::Watching;
-                watching = lock;
+                let rehearse = now_watching && !std::mem::replace(&mut watching, now_watching);
                 if summary != last || rehearse {
                     send(Message::Status(summary.clone())).await;
                     last = summary;
