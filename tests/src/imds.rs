@@ -2,6 +2,8 @@
 //! /latest/api/token` needs `X-aws-ec2-metadata-token-ttl-seconds` (1-21600, else 400) and
 //! answers the token as text with the TTL header; every `GET` needs a live token (401
 //! without one or with an expired one); an absent notice is 404; bodies are the reference's.
+//! Like EC2's (`Server: EC2ws`), every answer says `Connection: close` and the connection
+//! ends after it: a client opens one connection per request.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -55,7 +57,19 @@ pub struct FakeImds {
 impl FakeImds {
     /// Start on a free loopback port.
     pub fn start() -> Self {
-        let (state, server) = crate::http::start_with_state(handle);
+        let (state, server) = crate::http::start_with_state(|req, state| async {
+            let mut answer = handle(req, state).await;
+            let headers = answer.headers_mut();
+            headers.insert(
+                hyper::header::CONNECTION,
+                hyper::header::HeaderValue::from_static("close"),
+            );
+            headers.insert(
+                hyper::header::SERVER,
+                hyper::header::HeaderValue::from_static("EC2ws"),
+            );
+            answer
+        });
         Self { state, server }
     }
 

@@ -1,5 +1,6 @@
 //! IMDSv2 for the notice poll, on the HTTP/1 client already in the binary (hyper): one
-//! kept-alive connection, one session token. The notice paths are read every second, and
+//! session token, and a connection kept while IMDS keeps it (EC2's answers every request
+//! with `Connection: close`, so there a request opens a connection of its own). The notice paths are read every second, and
 //! the SDK's orchestrator (retry classifiers, interceptors, identity resolution) costs more
 //! CPU and touched memory per request than the request itself (idle CPU 0.061 % of a core
 //! against 0.038 %, 2026-12-06); the SDK stays for the EC2 API and credentials.
@@ -214,11 +215,20 @@ impl Session {
             .await
             .map_err(|e| e.to_string())?;
         let status = response.status();
+        // The server ends the connection after this answer: the next request opens one.
+        let closes = response.version() < hyper::Version::HTTP_11
+            || response
+                .headers()
+                .get(hyper::header::CONNECTION)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
         let body = http_body_util::Limited::new(response.into_body(), MAX_BODY)
             .collect()
             .await
             .map_err(|e| e.to_string())?
             .to_bytes();
+        if closes {
+            self.connection = None;
+        }
         Ok((status, String::from_utf8_lossy(&body).into_owned()))
     }
 }
@@ -236,14 +246,16 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
-    /// A loopback IMDS: counts token PUTs; a GET with token `stale` is refused 401.
-    async fn serve(puts: Arc<AtomicUsize>) -> String {
+    /// A loopback IMDS: counts token PUTs and connections; a GET with token `stale` is
+    /// refused 401; with `close`, every answer ends its connection, as EC2's does.
+    async fn serve(puts: Arc<AtomicUsize>, connections: Arc<AtomicUsize>, close: bool) -> String {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
+                connections.fetch_add(1, Ordering::SeqCst);
                 let puts = Arc::clone(&puts);
                 let service =
                     hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
@@ -264,6 +276,12 @@ mod tests {
                             let mut response =
                                 hyper::Response::new(http_body_util::Full::new(Bytes::from(body)));
                             *response.status_mut() = status;
+                            if close {
+                                response.headers_mut().insert(
+                                    hyper::header::CONNECTION,
+                                    hyper::header::HeaderValue::from_static("close"),
+                                );
+                            }
                             Ok::<_, std::convert::Infallible>(response)
                         }
                     });
@@ -279,7 +297,9 @@ mod tests {
     #[tokio::test]
     async fn one_token_reused_refreshed_before_expiry_and_after_a_401() {
         let puts = Arc::new(AtomicUsize::new(0));
-        let mut session = Session::new(Some(&serve(Arc::clone(&puts)).await)).expect("session");
+        let connections = Arc::new(AtomicUsize::new(0));
+        let endpoint = serve(Arc::clone(&puts), Arc::clone(&connections), true).await;
+        let mut session = Session::new(Some(&endpoint)).expect("session");
         for _ in 0..3 {
             assert_eq!(
                 session.get("spot/instance-action").await,
@@ -298,6 +318,27 @@ mod tests {
             Ok(Some("{}".into()))
         );
         assert_eq!(puts.load(Ordering::SeqCst), 3);
+        // EC2 closes each connection after its answer: each request had one of its own.
+        assert_eq!(connections.load(Ordering::SeqCst), 9);
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_service_keeps_open_is_used_again() {
+        let connections = Arc::new(AtomicUsize::new(0));
+        let endpoint = serve(
+            Arc::new(AtomicUsize::new(0)),
+            Arc::clone(&connections),
+            false,
+        )
+        .await;
+        let mut session = Session::new(Some(&endpoint)).expect("session");
+        for _ in 0..3 {
+            assert_eq!(
+                session.get("spot/instance-action").await,
+                Ok(Some("{}".into()))
+            );
+        }
+        assert_eq!(connections.load(Ordering::SeqCst), 1);
     }
 
     #[test]
