@@ -463,6 +463,12 @@ fn an_ultraserver_capacity_block_is_signalled_before_end_minus_60_minutes() {
         actions.contains(&"DescribeCapacityBlocks".to_string()),
         "{actions:?}"
     );
+    // Looked up every second, connected once: the instance id and region were read from
+    // IMDS for the first lookup only, the later ones are the EC2 calls alone.
+    let lookups = actions.iter().filter(|a| *a == "DescribeInstances").count();
+    assert!(lookups >= 3, "{actions:?}");
+    assert_eq!(imds.gets_of("instance-id"), 1);
+    assert_eq!(imds.gets_of("placement/region"), 1);
     assert!(agent.stop().success());
 
     // An instance block: 30 minutes. Without the permission: 60, saying why.

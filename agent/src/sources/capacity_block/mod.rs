@@ -43,14 +43,26 @@ pub struct Settings {
     pub sysfs_root: std::path::PathBuf,
 }
 
-/// The Capacity Block notice for this instance, if it runs in one.
-pub async fn lookup(settings: &Settings) -> Result<Option<Notice>, Ec2Error> {
-    let (client, instance_id) = super::ec2::connect(
-        settings.imds_endpoint.as_deref(),
-        settings.ec2_endpoint.as_deref(),
-    )
-    .await?;
-    notice_for(&client, &instance_id).await
+/// The Capacity Block notice for this instance, if it runs in one. The EC2 client and the
+/// instance id are made once and kept in `connected` (the client's credentials cache renews
+/// the role's credentials itself): a later lookup is the EC2 calls alone, not IMDS reads, a
+/// config load and a credentials fetch every `poll_interval`. A failed connect is tried
+/// again at the next lookup.
+async fn lookup(
+    settings: &Settings,
+    connected: &mut Option<(aws_sdk_ec2::Client, String)>,
+) -> Result<Option<Notice>, Ec2Error> {
+    let (client, instance_id) = match connected {
+        Some(c) => c,
+        None => connected.insert(
+            super::ec2::connect(
+                settings.imds_endpoint.as_deref(),
+                settings.ec2_endpoint.as_deref(),
+            )
+            .await?,
+        ),
+    };
+    notice_for(client, instance_id).await
 }
 
 /// The two EC2 calls and what is taken from their answers: the Capacity Block notice for
@@ -160,11 +172,12 @@ pub async fn run(settings: Settings, tx: mpsc::Sender<Observation>, mut shutdown
     }
     let mut last_error: Option<String> = None;
     let mut last: Option<Vec<Notice>> = None;
+    let mut connected = None;
     // One lookup never outlasts the interval between lookups (nor a minute): an endpoint
     // that accepts and never answers shows as the source failed.
     let limit = settings.poll_interval.min(LOOKUP_LIMIT);
     loop {
-        let looked_up = tokio::time::timeout(limit, lookup(&settings))
+        let looked_up = tokio::time::timeout(limit, lookup(&settings, &mut connected))
             .await
             .unwrap_or(Err(Ec2Error::TimedOut(limit)));
         match looked_up {
