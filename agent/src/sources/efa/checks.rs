@@ -63,7 +63,7 @@ pub struct Seen {
     /// Link up; `None`: no interface to say.
     pub link_up: Option<bool>,
     /// Each counter's rise over the window, per minute.
-    pub rates: BTreeMap<String, f64>,
+    pub rates: BTreeMap<&'static str, f64>,
 }
 
 /// One fault found by a poll.
@@ -249,12 +249,12 @@ mod tests {
         d.link_up = None;
         assert!(evaluate(&[d], None, true, &LIMITS).is_empty(), "EFA-only");
         let mut d = seen(1);
-        d.rates.insert(CMDS_ERR.into(), 1.0);
+        d.rates.insert(CMDS_ERR, 1.0);
         assert_eq!(
             codes(&evaluate(&[d.clone()], None, true, &LIMITS)),
             [(FaultCode::EfaAdminErrors, Severity::Warning)]
         );
-        d.rates.insert(NO_COMPLETION.into(), 1.0);
+        d.rates.insert(NO_COMPLETION, 1.0);
         assert_eq!(
             codes(&evaluate(&[d], None, true, &LIMITS)),
             [(FaultCode::EfaAdminErrors, Severity::Fatal)]
@@ -265,20 +265,20 @@ mod tests {
             (1_000.0, Some(Severity::Fatal)),
         ] {
             let mut d = seen(1);
-            d.rates.insert("rdma_write_wr_err".into(), rate);
+            d.rates.insert("rdma_write_wr_err", rate);
             let found = evaluate(&[d], None, true, &LIMITS);
             assert_eq!(found.first().map(|f| f.class.severity), want, "{rate}");
         }
         // The evidence is stable while the rate moves: no live number in it.
         let detail = |rate: f64| {
             let mut d = seen(1);
-            d.rates.insert("rdma_write_wr_err".into(), rate);
+            d.rates.insert("rdma_write_wr_err", rate);
             evaluate(&[d], None, true, &LIMITS)[0].detail.clone()
         };
         assert_eq!(detail(720.0), detail(1_500.0));
         assert!(detail(720.0).contains("rdma_write_wr_err rising past 600/min"));
         let mut d = seen(1);
-        d.rates.insert(RETRANS.into(), 100_000.0);
+        d.rates.insert(RETRANS, 100_000.0);
         assert_eq!(
             codes(&evaluate(&[d], None, true, &LIMITS)),
             [(FaultCode::EfaErrors, Severity::Warning)],
@@ -290,7 +290,7 @@ mod tests {
     fn a_peers_trouble_never_condemns_the_observer() {
         for counter in REMOTE_COUNTERS {
             let mut d = seen(1);
-            d.rates.insert((*counter).into(), 100_000.0);
+            d.rates.insert(*counter, 100_000.0);
             let found = evaluate(&[d], None, true, &LIMITS);
             assert_eq!(
                 codes(&found),
@@ -301,9 +301,8 @@ mod tests {
         }
         // Beside a local counter past the fatal rate, the fatal names only the local one.
         let mut d = seen(1);
-        d.rates
-            .insert("unresponsive_remote_events".into(), 100_000.0);
-        d.rates.insert("rdma_read_wr_err".into(), 1_000.0);
+        d.rates.insert("unresponsive_remote_events", 100_000.0);
+        d.rates.insert("rdma_read_wr_err", 1_000.0);
         let found = evaluate(&[d], None, true, &LIMITS);
         assert_eq!(codes(&found), [(FaultCode::EfaErrors, Severity::Fatal)]);
         assert!(

@@ -183,21 +183,15 @@ impl Poller {
         for d in &found {
             // A counter with no rate yet (its first reading) is left out: unknown, which
             // the checks take as no rise and the traffic judgement as not quiet.
-            let rates: BTreeMap<String, f64> = d
+            let rates: BTreeMap<&'static str, f64> = d
                 .counters
                 .iter()
                 .filter_map(|(counter, value)| {
                     let rate = self.rates.observe(&d.name, counter, *value, now)?;
-                    Some((counter.clone(), rate))
+                    Some((*counter, rate))
                 })
                 .collect();
             let component = d.pci.map_or(Component::Node, |pci| Component::Efa { pci });
-            seen.push(checks::Seen {
-                name: d.name.clone(),
-                component,
-                link_up: d.link_up,
-                rates: rates.clone(),
-            });
             devices.push(EfaDevice {
                 name: d.name.clone(),
                 pci: d.pci,
@@ -205,8 +199,14 @@ impl Poller {
                 netdevs: d.netdevs.clone(),
                 link_up: d.link_up,
                 gpus: d.gpus.clone(),
-                rates,
+                rates: named(&rates),
                 holders: Vec::new(),
+            });
+            seen.push(checks::Seen {
+                name: d.name.clone(),
+                component,
+                link_up: d.link_up,
+                rates,
             });
         }
         let settled = SystemTime::now() >= self.grace_ends;
@@ -217,6 +217,11 @@ impl Poller {
         out.push(observation(findings, devices, SystemTime::now()));
         out
     }
+}
+
+/// Rates by counter name, as the shared model keeps them.
+fn named(rates: &BTreeMap<&'static str, f64>) -> BTreeMap<String, f64> {
+    rates.iter().map(|(c, r)| ((*c).to_string(), *r)).collect()
 }
 
 /// One poll's findings and devices, as the core takes them.
@@ -250,7 +255,7 @@ pub fn rehearse(
     // Each counter one past its limit: the local errors the fatal one, the remote errors the
     // warning one, retransmissions theirs, and any admin command without a completion.
     let past = |limit: f64| limit + 1.0;
-    let rates: BTreeMap<String, f64> = checks::ERROR_COUNTERS
+    let rates: BTreeMap<&'static str, f64> = checks::ERROR_COUNTERS
         .iter()
         .map(|c| (*c, past(thresholds.errors_fatal)))
         .chain(
@@ -262,14 +267,14 @@ pub fn rehearse(
             (checks::RETRANS, past(thresholds.retrans_warning)),
             (checks::NO_COMPLETION, past(0.0)),
         ])
-        .map(|(c, rate)| (c.to_string(), rate))
         .collect();
     let component = Component::Efa { pci };
+    let named_rates = named(&rates);
     let seen = checks::Seen {
         name: name.clone(),
         component,
         link_up: Some(false),
-        rates: rates.clone(),
+        rates,
     };
     let expected = (2, "rehearsal".to_string());
     let findings = checks::evaluate(
@@ -285,7 +290,7 @@ pub fn rehearse(
         netdevs: vec!["rehearsal0".to_string()],
         link_up: Some(false),
         gpus,
-        rates,
+        rates: named_rates,
         holders: Vec::new(),
     };
     observation(findings, vec![device], SystemTime::now())

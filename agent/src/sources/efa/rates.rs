@@ -5,11 +5,15 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-/// The samples of every (device, counter) within the window.
+/// One counter's readings within the window, oldest first.
+type Samples = VecDeque<(Instant, u64)>;
+
+/// The samples of every device's counters within the window (a device's name is copied
+/// once, when it is first seen; a poll allocates nothing here).
 #[derive(Debug)]
 pub struct Rates {
     window: Duration,
-    samples: BTreeMap<(String, String), VecDeque<(Instant, u64)>>,
+    samples: BTreeMap<String, BTreeMap<&'static str, Samples>>,
 }
 
 impl Rates {
@@ -27,11 +31,17 @@ impl Rates {
     /// short history into a large one). `None` while there is no earlier sample to rise
     /// from (the first reading, the first after a reset or a gap longer than the window):
     /// unknown, not zero.
-    pub fn observe(&mut self, device: &str, counter: &str, value: u64, at: Instant) -> Option<f64> {
-        let samples = self
-            .samples
-            .entry((device.to_string(), counter.to_string()))
-            .or_default();
+    pub fn observe(
+        &mut self,
+        device: &str,
+        counter: &'static str,
+        value: u64,
+        at: Instant,
+    ) -> Option<f64> {
+        if !self.samples.contains_key(device) {
+            self.samples.insert(device.to_string(), BTreeMap::new());
+        }
+        let samples = self.samples.get_mut(device)?.entry(counter).or_default();
         if samples.back().is_some_and(|(_, last)| value < *last) {
             samples.clear();
         }
@@ -58,7 +68,7 @@ impl Rates {
     /// Forget devices no longer present.
     pub fn retain(&mut self, devices: &[&str]) {
         self.samples
-            .retain(|(device, _), _| devices.contains(&device.as_str()));
+            .retain(|device, _| devices.contains(&device.as_str()));
     }
 }
 

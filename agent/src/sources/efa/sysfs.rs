@@ -41,7 +41,7 @@ pub struct Found {
     pub link_up: Option<bool>,
     /// The counters judged: each port's (summed over ports) and the device's own (admin
     /// queue), by file name; a counter this device does not have is absent.
-    pub counters: BTreeMap<String, u64>,
+    pub counters: BTreeMap<&'static str, u64>,
 }
 
 /// The port counters read (`ports/*/hw_counters/<name>`): the ones judged, and the bytes
@@ -64,12 +64,14 @@ fn read(path: &Path) -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
-/// Read an open sysfs attribute again from its start (sysfs renders it afresh at offset 0).
-fn reread(file: &File) -> std::io::Result<String> {
+/// Read an open sysfs attribute again from its start (sysfs renders it afresh at offset 0)
+/// into `buf`: the text, trimmed.
+fn reread<'b>(file: &File, buf: &'b mut [u8; 64]) -> std::io::Result<&'b str> {
     use std::os::unix::fs::FileExt;
-    let mut buf = [0u8; 64];
-    let n = file.read_at(&mut buf, 0)?;
-    Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
+    let n = file.read_at(buf, 0)?;
+    std::str::from_utf8(&buf[..n])
+        .map(str::trim)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
 /// A device with its changing files open.
@@ -127,13 +129,12 @@ impl Devices {
             self.stale = false;
         }
         let mut out = Vec::with_capacity(self.open.len());
+        let mut buf = [0u8; 64];
         for device in &self.open {
             let mut found = device.found.clone();
             for (name, file) in &device.counters {
-                match reread(file).map(|v| v.parse::<u64>()) {
-                    Ok(Ok(value)) => {
-                        *found.counters.entry((*name).to_string()).or_default() += value;
-                    }
+                match reread(file, &mut buf).map(str::parse::<u64>) {
+                    Ok(Ok(value)) => *found.counters.entry(name).or_default() += value,
                     _ => self.stale = true,
                 }
             }
@@ -141,13 +142,14 @@ impl Devices {
                 .link
                 .as_ref()
                 .and_then(|(carrier, operstate, flags)| {
-                    if !admin_up(flags.as_ref().and_then(|f| reread(f).ok()).as_deref()) {
+                    let flags = flags.as_ref().and_then(|f| reread(f, &mut buf).ok());
+                    if !admin_up(flags) {
                         return None;
                     }
-                    match reread(carrier).as_deref() {
+                    match reread(carrier, &mut buf) {
                         Ok("1") => Some(true),
                         Ok("0") => Some(false),
-                        _ => reread(operstate).ok().map(|s| s == "up"),
+                        _ => reread(operstate, &mut buf).ok().map(|s| s == "up"),
                     }
                 });
             out.push(found);
