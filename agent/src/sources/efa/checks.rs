@@ -15,9 +15,7 @@
 //! a whole window after its last sighting (`core/health/condition.rs`). Fewer devices than
 //! the instance type allows is no fault: a launch may attach fewer EFA interfaces.
 
-use std::collections::BTreeMap;
-
-use crate::model::{Action, Classification, Component, FaultCode, Severity};
+use crate::model::{Action, Classification, Component, EfaDevice, FaultCode, Severity};
 
 /// The per-port counters AWS names as EFA degradation indicators ("Monitor an EFA") that
 /// say this device failed: past the fatal rate they condemn the node.
@@ -51,19 +49,6 @@ pub struct Thresholds {
     pub errors_fatal: f64,
     /// `retrans_pkts` past this is a warning.
     pub retrans_warning: f64,
-}
-
-/// One device as this poll sees it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Seen {
-    /// RDMA device name.
-    pub name: String,
-    /// Where its faults belong.
-    pub component: Component,
-    /// Link up; `None`: no interface to say.
-    pub link_up: Option<bool>,
-    /// Each counter's rise over the window, per minute.
-    pub rates: BTreeMap<&'static str, f64>,
 }
 
 /// One fault found by a poll.
@@ -107,7 +92,7 @@ const WARNING: (Severity, Action) = (Severity::Warning, Action::None);
 /// came from: the config, or the count this boot had once the start-up grace ended),
 /// checked only once `settled` (the start-up grace is over).
 pub fn evaluate(
-    devices: &[Seen],
+    devices: &[EfaDevice],
     expected: Option<&(u32, String)>,
     settled: bool,
     limits: &Thresholds,
@@ -127,9 +112,10 @@ pub fn evaluate(
     }
     for d in devices {
         let name = &d.name;
+        let component = d.pci.map_or(Component::Node, |pci| Component::Efa { pci });
         if d.link_up == Some(false) {
             out.push(finding(
-                d.component,
+                component,
                 FaultCode::EfaLinkDown,
                 FATAL,
                 "EFA_LINK_DOWN",
@@ -142,7 +128,7 @@ pub fn evaluate(
         // the Node each poll. The rates themselves are in `status` and the metrics.
         if rate(NO_COMPLETION) > 0.0 {
             out.push(finding(
-                d.component,
+                component,
                 FaultCode::EfaAdminErrors,
                 FATAL,
                 "EFA_ADMIN_NO_COMPLETION",
@@ -150,7 +136,7 @@ pub fn evaluate(
             ));
         } else if rate(CMDS_ERR) > 0.0 {
             out.push(finding(
-                d.component,
+                component,
                 FaultCode::EfaAdminErrors,
                 WARNING,
                 "EFA_ADMIN_CMD_ERRORS",
@@ -172,7 +158,7 @@ pub fn evaluate(
         }
         if !fatal.is_empty() {
             out.push(finding(
-                d.component,
+                component,
                 FaultCode::EfaErrors,
                 FATAL,
                 "EFA_ERROR_RATE_FATAL",
@@ -184,7 +170,7 @@ pub fn evaluate(
             ));
         } else if !warning.is_empty() {
             out.push(finding(
-                d.component,
+                component,
                 FaultCode::EfaErrors,
                 WARNING,
                 "EFA_ERROR_RATE",
@@ -208,14 +194,12 @@ mod tests {
         retrans_warning: 60_000.0,
     };
 
-    fn seen(i: u8) -> Seen {
-        Seen {
+    fn seen(i: u8) -> EfaDevice {
+        EfaDevice {
             name: format!("rdmap{i}s0"),
-            component: Component::Efa {
-                pci: format!("0000:{i:02x}:00.0").parse().expect("pci"),
-            },
+            pci: Some(format!("0000:{i:02x}:00.0").parse().expect("pci")),
             link_up: Some(true),
-            rates: BTreeMap::new(),
+            ..EfaDevice::default()
         }
     }
 
@@ -225,7 +209,7 @@ mod tests {
 
     #[test]
     fn a_missing_device_counts_only_after_the_grace() {
-        let devices: Vec<Seen> = (0..31).map(seen).collect();
+        let devices: Vec<EfaDevice> = (0..31).map(seen).collect();
         let expected = (32, "instance type p5.48xlarge".to_string());
         assert!(evaluate(&devices, Some(&expected), false, &LIMITS).is_empty());
         let found = evaluate(&devices, Some(&expected), true, &LIMITS);
@@ -249,12 +233,12 @@ mod tests {
         d.link_up = None;
         assert!(evaluate(&[d], None, true, &LIMITS).is_empty(), "EFA-only");
         let mut d = seen(1);
-        d.rates.insert(CMDS_ERR, 1.0);
+        d.rates.insert(CMDS_ERR.into(), 1.0);
         assert_eq!(
             codes(&evaluate(&[d.clone()], None, true, &LIMITS)),
             [(FaultCode::EfaAdminErrors, Severity::Warning)]
         );
-        d.rates.insert(NO_COMPLETION, 1.0);
+        d.rates.insert(NO_COMPLETION.into(), 1.0);
         assert_eq!(
             codes(&evaluate(&[d], None, true, &LIMITS)),
             [(FaultCode::EfaAdminErrors, Severity::Fatal)]
@@ -265,20 +249,20 @@ mod tests {
             (1_000.0, Some(Severity::Fatal)),
         ] {
             let mut d = seen(1);
-            d.rates.insert("rdma_write_wr_err", rate);
+            d.rates.insert("rdma_write_wr_err".into(), rate);
             let found = evaluate(&[d], None, true, &LIMITS);
             assert_eq!(found.first().map(|f| f.class.severity), want, "{rate}");
         }
         // The evidence is stable while the rate moves: no live number in it.
         let detail = |rate: f64| {
             let mut d = seen(1);
-            d.rates.insert("rdma_write_wr_err", rate);
+            d.rates.insert("rdma_write_wr_err".into(), rate);
             evaluate(&[d], None, true, &LIMITS)[0].detail.clone()
         };
         assert_eq!(detail(720.0), detail(1_500.0));
         assert!(detail(720.0).contains("rdma_write_wr_err rising past 600/min"));
         let mut d = seen(1);
-        d.rates.insert(RETRANS, 100_000.0);
+        d.rates.insert(RETRANS.into(), 100_000.0);
         assert_eq!(
             codes(&evaluate(&[d], None, true, &LIMITS)),
             [(FaultCode::EfaErrors, Severity::Warning)],
@@ -290,7 +274,7 @@ mod tests {
     fn a_peers_trouble_never_condemns_the_observer() {
         for counter in REMOTE_COUNTERS {
             let mut d = seen(1);
-            d.rates.insert(*counter, 100_000.0);
+            d.rates.insert((*counter).into(), 100_000.0);
             let found = evaluate(&[d], None, true, &LIMITS);
             assert_eq!(
                 codes(&found),
@@ -301,8 +285,9 @@ mod tests {
         }
         // Beside a local counter past the fatal rate, the fatal names only the local one.
         let mut d = seen(1);
-        d.rates.insert("unresponsive_remote_events", 100_000.0);
-        d.rates.insert("rdma_read_wr_err", 1_000.0);
+        d.rates
+            .insert("unresponsive_remote_events".into(), 100_000.0);
+        d.rates.insert("rdma_read_wr_err".into(), 1_000.0);
         let found = evaluate(&[d], None, true, &LIMITS);
         assert_eq!(codes(&found), [(FaultCode::EfaErrors, Severity::Fatal)]);
         assert!(

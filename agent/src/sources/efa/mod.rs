@@ -21,7 +21,6 @@ pub mod checks;
 mod rates;
 pub mod sysfs;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -29,9 +28,7 @@ use tokio::sync::mpsc;
 
 pub use checks::Thresholds;
 
-use crate::model::{
-    Component, EfaDevice, FaultReport, Inventory, Observation, SourceKind, SourceState,
-};
+use crate::model::{EfaDevice, FaultReport, Inventory, Observation, SourceKind, SourceState};
 use crate::shutdown::Shutdown;
 
 /// What the source needs.
@@ -178,50 +175,41 @@ impl Poller {
         }
         let names: Vec<&str> = found.iter().map(|d| d.name.as_str()).collect();
         self.rates.retain(&names);
-        let mut seen = Vec::with_capacity(found.len());
         let mut devices = Vec::with_capacity(found.len());
-        for d in &found {
+        for d in found {
             // A counter with no rate yet (its first reading) is left out: unknown, which
             // the checks take as no rise and the traffic judgement as not quiet.
-            let rates: BTreeMap<&'static str, f64> = d
+            let rates = d
                 .counters
                 .iter()
                 .filter_map(|(counter, value)| {
                     let rate = self.rates.observe(&d.name, counter, *value, now)?;
-                    Some((*counter, rate))
+                    Some(((*counter).to_string(), rate))
                 })
                 .collect();
-            let component = d.pci.map_or(Component::Node, |pci| Component::Efa { pci });
             devices.push(EfaDevice {
-                name: d.name.clone(),
+                name: d.name,
                 pci: d.pci,
                 numa_node: d.numa_node,
-                netdevs: d.netdevs.clone(),
+                netdevs: d.netdevs,
                 link_up: d.link_up,
-                gpus: d.gpus.clone(),
-                rates: named(&rates),
-                holders: Vec::new(),
-            });
-            seen.push(checks::Seen {
-                name: d.name.clone(),
-                component,
-                link_up: d.link_up,
+                gpus: d.gpus,
                 rates,
+                holders: Vec::new(),
             });
         }
         let settled = SystemTime::now() >= self.grace_ends;
-        let have = u32::try_from(seen.len()).unwrap_or(u32::MAX);
+        let have = u32::try_from(devices.len()).unwrap_or(u32::MAX);
         let expected = self.expected(have, settled);
-        let findings =
-            checks::evaluate(&seen, expected.as_ref(), settled, &self.settings.thresholds);
+        let findings = checks::evaluate(
+            &devices,
+            expected.as_ref(),
+            settled,
+            &self.settings.thresholds,
+        );
         out.push(observation(findings, devices, SystemTime::now()));
         out
     }
-}
-
-/// Rates by counter name, as the shared model keeps them.
-fn named(rates: &BTreeMap<&'static str, f64>) -> BTreeMap<String, f64> {
-    rates.iter().map(|(c, r)| ((*c).to_string(), *r)).collect()
 }
 
 /// One poll's findings and devices, as the core takes them.
@@ -251,11 +239,10 @@ pub fn rehearse(
     gpus: Vec<crate::model::PciAddress>,
     thresholds: &Thresholds,
 ) -> Observation {
-    let name = "rdmap0s0".to_string();
     // Each counter one past its limit: the local errors the fatal one, the remote errors the
     // warning one, retransmissions theirs, and any admin command without a completion.
     let past = |limit: f64| limit + 1.0;
-    let rates: BTreeMap<&'static str, f64> = checks::ERROR_COUNTERS
+    let rates = checks::ERROR_COUNTERS
         .iter()
         .map(|c| (*c, past(thresholds.errors_fatal)))
         .chain(
@@ -267,32 +254,25 @@ pub fn rehearse(
             (checks::RETRANS, past(thresholds.retrans_warning)),
             (checks::NO_COMPLETION, past(0.0)),
         ])
+        .map(|(c, rate)| (c.to_string(), rate))
         .collect();
-    let component = Component::Efa { pci };
-    let named_rates = named(&rates);
-    let seen = checks::Seen {
-        name: name.clone(),
-        component,
-        link_up: Some(false),
-        rates,
-    };
-    let expected = (2, "rehearsal".to_string());
-    let findings = checks::evaluate(
-        std::slice::from_ref(&seen),
-        Some(&expected),
-        true,
-        thresholds,
-    );
     let device = EfaDevice {
-        name,
+        name: "rdmap0s0".to_string(),
         pci: Some(pci),
         numa_node: Some(0),
         netdevs: vec!["rehearsal0".to_string()],
         link_up: Some(false),
         gpus,
-        rates: named_rates,
+        rates,
         holders: Vec::new(),
     };
+    let expected = (2, "rehearsal".to_string());
+    let findings = checks::evaluate(
+        std::slice::from_ref(&device),
+        Some(&expected),
+        true,
+        thresholds,
+    );
     observation(findings, vec![device], SystemTime::now())
 }
 
