@@ -59,11 +59,15 @@ while True:
     if stop.item():
         break
     time.sleep(0.05)
-# Both ranks leave the loop after the same all_reduce, but the one that reaches
-# destroy_process_group first closes its gloo pairs while the other may still be reading
-# from them: that rank then aborts in gloo's teardown ("terminate called without an active
-# exception", SIGABRT), with no signal and no agent involved. Seen here in 5 of 41 plain
-# torchrun runs under load (torch 2.15); with this barrier, in none of 35. The barrier makes
-# every rank finish its last collective before any tears the group down.
+# Both ranks leave the loop after the same all_reduce; the barrier makes every rank finish
+# its last collective before any tears the group down. Even then, about one run in ten here
+# (2026-12-07, torch 2.15, under build load) aborted after destroy_process_group returned on
+# both ranks: "terminate called without an active exception" (SIGABRT) from a C++ thread
+# still joinable when the interpreter's exit ran the static destructors, with no signal and
+# no agent involved. Each rank therefore leaves without the interpreter's teardown, once its
+# output is flushed (torch.save has closed its checkpoints).
 dist.barrier()
 dist.destroy_process_group()
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
