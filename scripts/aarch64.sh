@@ -116,10 +116,15 @@ bind "$cache/target" /target
 cp "${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}" "$root/etc/host-ca.crt"
 
 # No debug info: the binary is for running and packaging (stripped) only, and it builds and
-# links in far less time and space.
+# links in far less time and space. No incremental cache, and the agent's own outputs of
+# earlier builds removed first (a fresh clone rebuilds it anyway): the cache keeps only the
+# dependencies, instead of growing by the agent's build at every run (a CI machine's disk
+# filled up).
+rm -rf "$cache/target/$triple/debug/incremental" "$cache/target/$triple/debug/deps/"*gpu_agent-* \
+  "$cache/target/$triple/debug/.fingerprint/gpu-agent-"*
 export_env=(
   CARGO_HOME=/cargo-home CARGO_TARGET_DIR=/target CARGO_HTTP_CAINFO=/etc/host-ca.crt
-  CARGO_PROFILE_DEV_DEBUG=0
+  CARGO_PROFILE_DEV_DEBUG=0 CARGO_INCREMENTAL=0
   "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUSTFLAGS=-C link-arg=--sysroot=$sysroot"
   "CFLAGS_aarch64_unknown_linux_gnu=--sysroot=$sysroot"
   CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
