@@ -633,8 +633,9 @@ fn utilisation_clocks_and_power_limits_per_gpu_and_unknown_where_not_supported()
 
 /// Slow but not broken, judged only while busy and over polls: a busy GPU under the power
 /// brake and one at 60 % of its busy peers' SM clock are `gpu-slow` (warnings on the GPU;
-/// the node stays healthy); an idle GPU with low clocks and a Gen1 link never is; the power
-/// brake released, the verdict clears.
+/// the node stays healthy); an idle GPU with low clocks and a Gen1 link never is, nor a busy
+/// Gen6 GPU at Gen5 in a Gen5 slot (its best on this host); the power brake released, the
+/// verdict clears.
 #[test]
 fn a_busy_gpu_held_back_is_slow_and_an_idle_one_never() {
     let host = Host::new();
@@ -644,6 +645,8 @@ fn a_busy_gpu_held_back_is_slow_and_an_idle_one_never() {
             scenario = scenario.gpu(i, "utilization = { gpu = 95, memory = 40 }");
         }
     }
+    // A Gen6 GPU in a Gen5 slot, busy at Gen5: as fast as this host lets it be.
+    scenario = scenario.gpu(5, "pcie.max_gen = 6\npcie.bus_max_gen = 5");
     let held = scenario
         .clone()
         .gpu(3, "clock_event_reasons = 128")
@@ -682,10 +685,20 @@ fn a_busy_gpu_held_back_is_slow_and_an_idle_one_never() {
         "a warning, never a fatal: {:#?}",
         nvml_faults(&s, &host)
     );
-    // Still never the idle GPU, a second later.
+    // Still never the idle GPU nor the one at its slot's best, a second later.
     std::thread::sleep(Duration::from_secs(1));
     let s = agent.snapshot().expect("snapshot");
-    assert!(slow(&s).iter().all(|f| f.0 != 6), "{:#?}", slow(&s));
+    assert!(
+        slow(&s).iter().all(|f| f.0 != 6 && f.0 != 5),
+        "{:#?}",
+        slow(&s)
+    );
+    let link = &s["gpus"][5]["nvml"]["telemetry"];
+    assert_eq!(
+        (link["pcie_gen"].as_u64(), link["pcie_gen_max"].as_u64()),
+        (Some(5), Some(5)),
+        "the slot's best, not the GPU's own: {link:#}"
+    );
 
     // The brake released (and the clock back): cleared once a poll shows no evidence and
     // the hold has passed.

@@ -60,11 +60,11 @@ pub struct GpuTelemetry {
     pub nvlink_crc_errors: Option<u64>,
     /// Current PCIe generation (drops at idle for power saving).
     pub pcie_gen: Option<u32>,
-    /// Maximum PCIe generation of the GPU.
+    /// The highest PCIe generation this GPU and its slot can train to together.
     pub pcie_gen_max: Option<u32>,
     /// Current PCIe width.
     pub pcie_width: Option<u32>,
-    /// Maximum PCIe width.
+    /// The widest PCIe link this GPU and its slot allow together.
     pub pcie_width_max: Option<u32>,
     /// The driver's required recovery action as read this poll (0: none); `None` where it
     /// could not be read (older driver, GPU lost). Only an explicit 0 ends the faults the

@@ -443,11 +443,17 @@ pub unsafe extern "C" fn nvmlDeviceGetCurrPcieLinkWidth(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetGpuMaxPcieLinkGeneration(
+pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkGeneration(
     device: nvmlDevice_t,
     gen: *mut c_uint,
 ) -> nvmlReturn_t {
-    with_gpu(device, "pcie", |g| put(gen, g.pcie.max_gen))
+    // As the real library: the highest the GPU and its bus reach together.
+    with_gpu(device, "pcie", |g| {
+        put(
+            gen,
+            g.pcie.max_gen.min(g.pcie.bus_max_gen.unwrap_or(u32::MAX)),
+        )
+    })
 }
 
 #[no_mangle]

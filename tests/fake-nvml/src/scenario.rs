@@ -232,7 +232,12 @@ pub struct Utilization {
 pub struct Pcie {
     pub gen: u32,
     pub width: u32,
+    /// The GPU's own highest generation.
     pub max_gen: u32,
+    /// The bus's highest generation, where it is lower than the GPU's (a Gen6 GPU in a Gen5
+    /// slot): `nvmlDeviceGetMaxPcieLinkGeneration` answers the lower of the two.
+    pub bus_max_gen: Option<u32>,
+    /// The widest the GPU and its slot allow together (`nvmlDeviceGetMaxPcieLinkWidth`).
     pub max_width: u32,
     /// `nvmlDeviceGetPcieReplayCounter`: link-level retransmissions since the driver loaded.
     pub replay: u32,
@@ -244,6 +249,7 @@ impl Default for Pcie {
             gen: 5,
             width: 16,
             max_gen: 5,
+            bus_max_gen: None,
             max_width: 16,
             replay: 0,
         }

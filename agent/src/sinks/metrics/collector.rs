@@ -346,14 +346,14 @@ fn telemetry(encoder: &mut DescriptorEncoder, s: &HealthSnapshot) -> std::fmt::R
     family(
         encoder,
         "gpu_agent_gpu_pcie_link_gen",
-        "PCIe link generation, current and maximum.",
+        "PCIe link generation, current and the highest this GPU and its slot allow.",
         Gauge,
         &gen,
     )?;
     family(
         encoder,
         "gpu_agent_gpu_pcie_link_width",
-        "PCIe link width, current and maximum.",
+        "PCIe link width, current and the widest this GPU and its slot allow.",
         Gauge,
         &width,
     )?;

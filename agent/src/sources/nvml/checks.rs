@@ -15,7 +15,7 @@
 //! | an NVLink link that was up in this boot is down | `nvlink-down` | fatal | reset-gpu |
 //! | an NVLink link never up in this boot, past the boot grace | `nvlink-inactive` | warning | none |
 //! | NVLink replay/recovery/CRC counters rising faster than [`NVLINK_ERRORS_PER_MINUTE`] | `nvlink-errors` | warning | none |
-//! | PCIe width below the GPU's maximum | `pcie-degraded` | warning | none |
+//! | PCIe width below the widest this GPU and its slot allow | `pcie-degraded` | warning | none |
 //! | busy and held back, sustained over polls (see [`super::slow`]) | `gpu-slow` | warning | none |
 //! | the driver's recovery action (R565+): GPU reset / drain and reset | `recovery-action` | fatal | reset-gpu |
 //! | the driver's recovery action: node reboot | `recovery-action` | fatal | reboot |

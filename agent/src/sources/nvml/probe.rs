@@ -53,11 +53,13 @@ pub struct RemapRows {
 pub struct PcieLink {
     /// Current generation.
     pub gen: u32,
-    /// Maximum generation of the GPU.
+    /// The highest generation this GPU and its slot can train to together (a Gen6 GPU on
+    /// a Gen5 bus: 5), not the GPU's own maximum: a link is low only against what this
+    /// host allows.
     pub max_gen: Option<u32>,
     /// Current width.
     pub width: u32,
-    /// Maximum width.
+    /// The widest this GPU and its slot allow together.
     pub max_width: u32,
 }
 
@@ -216,7 +218,7 @@ fn read_gpu(nvml: &Nvml, nvml_index: u32, device: &Device<'_>) -> GpuReading {
             .map_err(|e| Unread::Failed(e.to_string()))
     });
     let remap = raw::remapped_rows(nvml, device);
-    let max_gen = raw::gpu_max_pcie_gen(nvml, device).ok();
+    let max_gen = device.max_pcie_link_gen().ok();
     let pcie = read(device.current_pcie_link_gen()).and_then(|gen| {
         Ok(PcieLink {
             gen,

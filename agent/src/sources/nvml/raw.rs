@@ -1,6 +1,6 @@
 //! The NVML calls nvml-wrapper 0.13 has no safe method for, wrapped safely:
-//! `nvmlDeviceGetRemappedRows`, `nvmlDeviceGetGpuMaxPcieLinkGeneration`,
-//! `nvmlDeviceGetGpuFabricInfoV` and `nvmlDeviceGetGpuInstanceId`.
+//! `nvmlDeviceGetRemappedRows`, `nvmlDeviceGetGpuFabricInfoV` and
+//! `nvmlDeviceGetGpuInstanceId`.
 #![allow(unsafe_code)]
 
 use std::os::raw::c_uint;
@@ -64,16 +64,6 @@ pub fn gpu_instance_id(nvml: &Nvml, mig: &Device<'_>) -> Read<u32> {
     // header.
     unsafe { nvml_try(sym(mig.handle(), &mut id)) }.map_err(classify)?;
     Ok(id)
-}
-
-/// The GPU's own maximum PCIe generation (not the slot's).
-pub fn gpu_max_pcie_gen(nvml: &Nvml, device: &Device<'_>) -> Read<u32> {
-    let sym =
-        nvml_sym(nvml.lib().nvmlDeviceGetGpuMaxPcieLinkGeneration.as_ref()).map_err(classify)?;
-    let mut gen: c_uint = 0;
-    // SAFETY: as above: live handle, valid out-pointer, generated signature.
-    unsafe { nvml_try(sym(device.handle(), &mut gen)) }.map_err(classify)?;
-    Ok(gen)
 }
 
 /// `NVML_STRUCT_VERSION(GpuFabricInfo, version)`: the struct's size with the version in the

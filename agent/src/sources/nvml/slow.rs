@@ -8,7 +8,7 @@
 //! | clock-event reasons hardware slowdown (0x8), software thermal (0x20), hardware thermal (0x40), power brake (0x80) | the GPU is told to slow down |
 //! | the enforced power limit under the GPU's default | someone (or something) lowered it |
 //! | the SM clock under [`Limits::clock_ratio`] of the median of the node's other busy GPUs | this one is the straggler |
-//! | the PCIe link under its best generation or width | the link trained low |
+//! | the PCIe link under the best generation or width this GPU and its slot allow together | the link trained low |
 //! | the PCIe replay counter rising | the link retransmits |
 //!
 //! The software power cap (0x4) is not evidence: a busy GPU at its power limit is a GPU doing
