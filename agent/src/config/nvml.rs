@@ -42,8 +42,9 @@ pub struct NvmlConfig {
     /// power limit, a straggling clock, a PCIe link below its best or replaying) before a
     /// GPU is slow.
     pub slow_after_polls: u32,
-    /// An SM clock under this share of the median of the node's other busy GPUs is
-    /// evidence of being held back.
+    /// An SM clock under this share of the median of the node's other busy GPUs in the same
+    /// power state (all at their power limit, or all under it) is evidence of being held
+    /// back.
     pub slow_clock_ratio: f64,
 }
 

@@ -7,12 +7,15 @@
 //! |---|---|
 //! | clock-event reasons hardware slowdown (0x8), software thermal (0x20), hardware thermal (0x40), power brake (0x80) | the GPU is told to slow down |
 //! | the enforced power limit under the GPU's default | someone (or something) lowered it |
-//! | the SM clock under [`Limits::clock_ratio`] of the median of the node's other busy GPUs | this one is the straggler |
+//! | the SM clock under [`Limits::clock_ratio`] of the median of the node's other busy GPUs in the same power state | this one is the straggler |
 //! | the PCIe link under the best generation or width this GPU and its slot allow together | the link trained low |
 //! | the PCIe replay counter rising | the link retransmits |
 //!
 //! The software power cap (0x4) is not evidence: a busy GPU at its power limit is a GPU doing
-//! its work. Evidence on [`Limits::polls`] busy polls in a row makes the GPU `slow`: a
+//! its work. Nor is a capped GPU's clock under uncapped peers' (a heavy kernel at its power
+//! limit beside lighter work on the other GPUs, as on a node shared by several pods): clocks
+//! are compared only among busy GPUs that are all capped (one job's ranks, where the
+//! straggler is the one that reaches the cap at the lowest clock) or all not. Evidence on [`Limits::polls`] busy polls in a row makes the GPU `slow`: a
 //! warning on the GPU (`gpu-slow`), never a node condition; the core clears it a window after
 //! the last poll that saw it. Pure: readings in, verdicts out.
 
@@ -41,6 +44,9 @@ impl Default for Limits {
     }
 }
 
+/// `nvmlClocksEventsReasonSwPowerCap`: the GPU is at its power limit, as a busy GPU is.
+const SW_POWER_CAP: u64 = 0x04;
+
 /// `nvmlClocksEventReasons` bits that mean the GPU is told to slow down, with their names.
 const SLOW_BITS: [(u64, &str); 4] = [
     (0x08, "hardware slowdown"),
@@ -66,11 +72,18 @@ impl Slow {
                 .as_ref()
                 .is_ok_and(|u| u.0 >= limits.busy_percent)
         };
-        let clocks: Vec<(usize, u32)> = readings
+        // At its power limit (unknown where the reasons could not be read).
+        let capped = |r: &GpuReading| {
+            r.clock_events
+                .as_ref()
+                .ok()
+                .map(|bits| bits & SW_POWER_CAP != 0)
+        };
+        let clocks: Vec<(usize, Option<bool>, u32)> = readings
             .iter()
             .enumerate()
             .filter(|(_, r)| busy(r))
-            .filter_map(|(i, r)| r.sm_clock.as_ref().ok().map(|c| (i, c.0)))
+            .filter_map(|(i, r)| r.sm_clock.as_ref().ok().map(|c| (i, capped(r), c.0)))
             .collect();
         readings
             .iter()
@@ -103,8 +116,8 @@ impl Slow {
                 }
                 let peers: Vec<u32> = clocks
                     .iter()
-                    .filter(|(j, _)| *j != i)
-                    .map(|(_, c)| *c)
+                    .filter(|(j, cap, _)| *j != i && *cap == capped(r))
+                    .map(|(_, _, c)| *c)
                     .collect();
                 if let (Some(peer), Ok((clock, _))) = (median(peers), &r.sm_clock) {
                     if f64::from(*clock) < limits.clock_ratio * f64::from(peer) {
@@ -254,6 +267,28 @@ mod tests {
         for i in [0, 3, 5, 7] {
             assert!(verdicts[i].is_none(), "GPU {i}: {:?}", verdicts[i]);
         }
+    }
+
+    #[test]
+    fn a_gpu_at_its_power_cap_is_not_compared_with_uncapped_peers() {
+        // GPU 0 runs a heavy kernel at its power limit; the others lighter work, uncapped.
+        let mut node = busy_node();
+        for r in node.iter_mut().skip(1) {
+            r.clock_events = Ok(0);
+        }
+        node[0].sm_clock = Ok((1400, 1980)); // 71 % of its uncapped peers
+        let mut slow = Slow::default();
+        assert!(polls(&mut slow, &node, 5).iter().all(Option::is_none));
+        // An uncapped GPU under its uncapped peers is held back by something else.
+        node[2].sm_clock = Ok((1400, 1980));
+        let verdicts = polls(&mut slow, &node, 3);
+        assert!(
+            verdicts[2]
+                .as_deref()
+                .is_some_and(|v| v.contains("SM clock 1400 MHz, the busy peers' 1980 MHz")),
+            "{verdicts:?}"
+        );
+        assert!(verdicts[0].is_none(), "{verdicts:?}");
     }
 
     #[test]
