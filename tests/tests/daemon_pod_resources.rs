@@ -476,7 +476,11 @@ fn a_pod_holding_idle_gpus_for_the_window_is_told_once() {
     assert_eq!(event["reason"], "GPUHeldIdle");
     assert_eq!(event["type"], "Normal");
     let message = event["message"].as_str().unwrap_or_default();
-    assert!(message.contains("GPU 6, GPU 7"), "{message}");
+    assert!(
+        message.contains("GPU 6, GPU 7 held by this pod and none of them busy")
+            && message.contains("under 80 %"),
+        "{message}"
+    );
     let (_, text) = agent.status(false);
     assert!(
         text.contains("Held but not working: ml/idle-0 holds GPU 6, GPU 7, none busy"),
@@ -551,7 +555,7 @@ fn a_pod_busy_without_tensor_work_is_told_and_a_productive_one_counted() {
     assert_eq!(event["reason"], "GPUHeldNotProductive");
     let message = event["message"].as_str().unwrap_or_default();
     assert!(
-        message.contains("GPU 3, GPU 4") && message.contains("busy with no tensor work"),
+        message.contains("GPU 3, GPU 4") && message.contains("busy but with no tensor work"),
         "{message}"
     );
     std::thread::sleep(Duration::from_secs(2));

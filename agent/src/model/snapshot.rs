@@ -215,8 +215,8 @@ pub struct SourceStatus {
     pub state: SourceState,
 }
 
-/// A pod that holds GPUs and has kept none of them busy for the funnel's window: paid for
-/// and doing nothing. Information for the job's owners, never a fault.
+/// A pod that holds GPUs and has kept none of them busy (or busy only without tensor work)
+/// for the funnel's window: paid for, and not kept at work. Information for the job's owners, never a fault.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HeldIdle {
     /// The pod's namespace.

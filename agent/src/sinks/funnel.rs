@@ -479,13 +479,7 @@ pub async fn run(
         metrics.record_idle(&held);
         for pod in &begun {
             tracing::info!(namespace = %pod.namespace, pod = %pod.pod, gpus = ?pod.gpus, "A pod has held GPUs and kept none busy for the window.");
-            post_held_idle(
-                &events,
-                pod,
-                settings.held_idle_after,
-                settings.busy_percent,
-            )
-            .await;
+            post_held_idle(&events, pod, settings.held_idle_after, &settings).await;
         }
         if held != reported {
             let _ = report.send(Observation::HeldIdle(held.clone())).await;
@@ -526,24 +520,30 @@ pub type Events = Option<super::kubernetes::Link>;
 pub type Events = Option<std::convert::Infallible>;
 
 /// The Pod Event of a held-but-idle episode (once; a failure is logged, not retried: the
-/// metric and `status` still say it).
-async fn post_held_idle(events: &Events, pod: &HeldIdle, after: Duration, busy_percent: u32) {
+/// metric and `status` still say it). It says what was measured, thresholds included: a
+/// GPU under the busy threshold may still do some work, and work without tensor cores is
+/// work, so neither is called "no work".
+async fn post_held_idle(events: &Events, pod: &HeldIdle, after: Duration, settings: &Settings) {
     let gpus: Vec<String> = pod.gpus.iter().map(|g| format!("GPU {g}")).collect();
     let (reason, how) = if pod.busy_without_tensor_work {
         (
             "GPUHeldNotProductive",
-            "busy with no tensor work (waiting in a collective for a peer?)".to_string(),
+            format!(
+                "busy but with no tensor work (tensor activity under {} %; waiting in a collective for a peer?)",
+                settings.productive_percent
+            ),
         )
     } else {
         (
             "GPUHeldIdle",
             format!(
-                "idle (utilisation, or on MIG its instances' SM activity, under {busy_percent} %)"
+                "none of them busy (utilisation, or on MIG its instances' SM activity, under {} %)",
+                settings.busy_percent
             ),
         )
     };
     let message = format!(
-        "{} held by this pod and {how} for {}: paid for and doing no work",
+        "{} held by this pod and {how} for {}.",
         gpus.join(", "),
         humantime::format_duration(after)
     );
