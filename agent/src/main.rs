@@ -30,8 +30,9 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { EXIT_USAGE } else { 0 });
         }
     };
-    // kube (ring) and aws-config (aws-lc-rs) both bring a rustls crypto provider; with two
-    // linked, rustls cannot choose, so choose once for the whole process.
+    // kube's and the EC2 client's TLS is rustls on ring, the one provider linked; installed
+    // once for the whole process, so no client's first handshake depends on rustls picking
+    // it from crate features (which fails the day a dependency links a second provider).
     let _ = rustls::crypto::ring::default_provider().install_default();
     gpu_agent::logging::init(match cli.command {
         Command::Run => "info",
