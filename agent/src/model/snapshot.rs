@@ -216,7 +216,8 @@ pub struct SourceStatus {
 }
 
 /// A pod that holds GPUs and has kept none of them busy (or busy only without tensor work)
-/// for the funnel's window: paid for, and not kept at work. Information for the job's owners, never a fault.
+/// for the funnel's window: paid for, and not kept at work. Information for the job's
+/// owners, never a fault.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HeldIdle {
     /// The pod's namespace.

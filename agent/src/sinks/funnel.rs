@@ -479,7 +479,7 @@ pub async fn run(
         metrics.record_idle(&held);
         for pod in &begun {
             tracing::info!(namespace = %pod.namespace, pod = %pod.pod, gpus = ?pod.gpus, "A pod has held GPUs and kept none busy for the window.");
-            post_held_idle(&events, pod, settings.held_idle_after, &settings).await;
+            post_held_idle(&events, pod, &settings).await;
         }
         if held != reported {
             let _ = report.send(Observation::HeldIdle(held.clone())).await;
@@ -523,7 +523,7 @@ pub type Events = Option<std::convert::Infallible>;
 /// metric and `status` still say it). It says what was measured, thresholds included: a
 /// GPU under the busy threshold may still do some work, and work without tensor cores is
 /// work, so neither is called "no work".
-async fn post_held_idle(events: &Events, pod: &HeldIdle, after: Duration, settings: &Settings) {
+async fn post_held_idle(events: &Events, pod: &HeldIdle, settings: &Settings) {
     let gpus: Vec<String> = pod.gpus.iter().map(|g| format!("GPU {g}")).collect();
     let (reason, how) = if pod.busy_without_tensor_work {
         (
@@ -545,7 +545,7 @@ async fn post_held_idle(events: &Events, pod: &HeldIdle, after: Duration, settin
     let message = format!(
         "{} held by this pod and {how} for {}.",
         gpus.join(", "),
-        humantime::format_duration(after)
+        humantime::format_duration(settings.held_idle_after)
     );
     let episode = Episode {
         namespace: &pod.namespace,

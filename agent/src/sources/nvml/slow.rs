@@ -15,9 +15,11 @@
 //! its work. Nor is a capped GPU's clock under uncapped peers' (a heavy kernel at its power
 //! limit beside lighter work on the other GPUs, as on a node shared by several pods): clocks
 //! are compared only among busy GPUs that are all capped (one job's ranks, where the
-//! straggler is the one that reaches the cap at the lowest clock) or all not. Evidence on [`Limits::polls`] busy polls in a row makes the GPU `slow`: a
-//! warning on the GPU (`gpu-slow`), never a node condition; the core clears it a window after
-//! the last poll that saw it. Pure: readings in, verdicts out.
+//! straggler is the one that reaches the cap at the lowest clock) or all not.
+//!
+//! Evidence on [`Limits::polls`] busy polls in a row makes the GPU `slow`: a warning on the
+//! GPU (`gpu-slow`), never a node condition; the core clears it a window after the last poll
+//! that saw it. Pure: readings in, verdicts out.
 
 use std::collections::HashMap;
 
