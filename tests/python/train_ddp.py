@@ -61,10 +61,10 @@ while True:
     time.sleep(0.05)
 # Both ranks leave the loop after the same all_reduce; the barrier makes every rank finish
 # its last collective before any tears the group down. Even then, about one run in ten here
-# (2026-12-07 at 6268d62, torch 2.15, under build load) aborted after destroy_process_group returned on
-# both ranks: "terminate called without an active exception" (SIGABRT) from a C++ thread
-# still joinable when the interpreter's exit ran the static destructors, with no signal and
-# no agent involved. Each rank therefore leaves without the interpreter's teardown, once its
+# (2026-12-07 at 6268d62, torch 2.15, under build load) aborted after destroy_process_group
+# returned on both ranks: "terminate called without an active exception" (SIGABRT) from a
+# C++ thread still joinable when the interpreter's exit ran the static destructors, with no
+# signal and no agent involved. Each rank therefore leaves without the interpreter's teardown, once its
 # output is flushed (torch.save has closed its checkpoints).
 dist.barrier()
 dist.destroy_process_group()

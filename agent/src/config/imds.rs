@@ -19,8 +19,8 @@ pub struct ImdsConfig {
     /// notice can come: every path is read at the rebalance recommendation's pace. The
     /// cost: EC2's IMDS closes every connection, so each poll is a TCP connection of its
     /// own, about 0.04 % of a core at 1 s on an x86_64 VM (BENCHMARKS.md in the source
-    /// tree, 2026-12-07, f21fcd6); `"2s"` (aws-node-termination-handler's pace) halves that and adds up to a
-    /// second to the notice.
+    /// tree, 2026-12-07, f21fcd6); `"2s"` (aws-node-termination-handler's pace) halves that
+    /// and adds up to a second to the notice.
     pub poll_interval: HumanDuration<{ 100 * MS }, MINUTE>,
     /// How often the rebalance recommendation is polled (it changes rarely).
     pub rebalance_interval: HumanDuration<{ 100 * MS }, HOUR>,

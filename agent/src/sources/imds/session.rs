@@ -1,9 +1,10 @@
 //! IMDSv2 for the notice poll, on the HTTP/1 client already in the binary (hyper): one
 //! session token, and a connection kept while IMDS keeps it (EC2's IMDS answers every
 //! request with `Connection: close`, so there a request opens a connection of its own). The
-//! notice paths are read every second, and the SDK's orchestrator (retry classifiers, interceptors, identity resolution) costs more
-//! CPU and touched memory per request than the request itself (idle CPU 0.061 % of a core
-//! against 0.038 %, 2026-12-06); the SDK stays for the EC2 API and credentials.
+//! notice paths are read every second, and the SDK's orchestrator (retry classifiers,
+//! interceptors, identity resolution) costs more CPU and touched memory per request than
+//! the request itself (idle CPU 0.061 % of a core against 0.038 %, 2026-12-06); the SDK
+//! stays for the EC2 API and credentials.
 //!
 //! - The token (`PUT /latest/api/token`, TTL [`TOKEN_TTL`]) is fetched before the first GET,
 //!   again [`REFRESH_BEFORE`] before it expires, and at once when IMDS answers 401 (the

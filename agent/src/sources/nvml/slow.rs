@@ -116,9 +116,10 @@ impl Slow {
                         ));
                     }
                 }
+                let cap = capped(r);
                 let peers: Vec<u32> = clocks
                     .iter()
-                    .filter(|(j, cap, _)| *j != i && *cap == capped(r))
+                    .filter(|(j, peer_cap, _)| *j != i && *peer_cap == cap)
                     .map(|(_, _, c)| *c)
                     .collect();
                 if let (Some(peer), Ok((clock, _))) = (median(peers), &r.sm_clock) {
